@@ -1,0 +1,308 @@
+"""Every environment variable async_tee reads, parsed defensively into one ``Settings``.
+
+A malformed value logs one warning and the default is used: parsing never raises. The
+standard ``OTEL_*`` variables keep OpenTelemetry's meaning; async_tee's own durations are
+float seconds. Each variable is a constant whose value is its own name, documented with
+its type, default and unit (the README carries the same table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+from collections.abc import Mapping
+from urllib.parse import unquote
+
+from async_tee.reporting import warn_once
+
+ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
+"""bool, default true: false (``0``, ``false``, ``no``, ``off``) makes everything a no-op."""
+
+ASYNC_TEE_QUEUE_SIZE = "ASYNC_TEE_QUEUE_SIZE"
+"""int items, default 1024: the hand-off queue's bound; the oldest dict goes past it."""
+
+ASYNC_TEE_DRAIN_INTERVAL = "ASYNC_TEE_DRAIN_INTERVAL"
+"""float seconds, default 0.05: how often the worker wakes on its own to drain the queue."""
+
+ASYNC_TEE_SHUTDOWN_TIMEOUT = "ASYNC_TEE_SHUTDOWN_TIMEOUT"
+"""float seconds, default 5.0: the one deadline for draining and shutting down at exit."""
+
+ASYNC_TEE_MAX_ATTRIBUTE_SETS = "ASYNC_TEE_MAX_ATTRIBUTE_SETS"
+"""int, default 512: attribute sets kept per series; later ones are dropped and counted."""
+
+ASYNC_TEE_RANK_ATTRIBUTES = "ASYNC_TEE_RANK_ATTRIBUTES"
+"""bool, default true: add the distributed rank (``RANK``, ``LOCAL_RANK``, ...) to the resource."""
+
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+OTEL_EXPORTER_OTLP_METRICS_HEADERS = "OTEL_EXPORTER_OTLP_METRICS_HEADERS"
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
+OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
+OTEL_EXPORTER_OTLP_METRICS_INSECURE = "OTEL_EXPORTER_OTLP_METRICS_INSECURE"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_METRIC_EXPORT_TIMEOUT = "OTEL_METRIC_EXPORT_TIMEOUT"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_EXPORTER_PROMETHEUS_HOST = "OTEL_EXPORTER_PROMETHEUS_HOST"
+OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
+
+EXPORTERS = ("otlp", "prometheus", "console", "none")
+PROTOCOLS = ("grpc", "http/protobuf")
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+
+# Python's OTLP exporters read the timeout in seconds where the OTel spec says
+# milliseconds, so a spec-style "10000" would mean 2.8 hours: a value this large is taken
+# as milliseconds, with a warning.
+_MILLISECONDS_THRESHOLD = 1000.0
+
+_RANK_VARIABLES = (
+    ("RANK", "rl.rank"),
+    ("LOCAL_RANK", "rl.local_rank"),
+    ("WORLD_SIZE", "rl.world_size"),
+    ("GROUP_RANK", "rl.node_rank"),
+    ("NODE_RANK", "rl.node_rank"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The effective configuration; see the constants above for each field's variable."""
+
+    enabled: bool = True
+    queue_size: int = 1024
+    drain_interval_s: float = 0.05
+    shutdown_timeout_s: float = 5.0
+    max_attribute_sets: int = 512
+    exporters: tuple[str, ...] = ("otlp",)
+    otlp_protocol: str = "grpc"
+    otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
+    otlp_headers: tuple[tuple[str, str], ...] = ()
+    otlp_timeout_s: float = 10.0
+    otlp_insecure: bool | None = None
+    export_interval_ms: float = 60_000.0
+    export_timeout_ms: float = 30_000.0
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9464
+    resource_attributes: tuple[tuple[str, str | int], ...] = ()
+
+    def describe(self) -> str:
+        """One line for the log, headers' values redacted."""
+        fields = dataclasses.asdict(self)
+        fields["otlp_headers"] = [name for name, _ in self.otlp_headers]
+        return " ".join(f"{name}={value!r}" for name, value in fields.items())
+
+
+def _warn_malformed(name: str, raw: str, default: object) -> None:
+    warn_once(
+        f"env:{name}",
+        "async_tee: ignoring malformed %s=%r; using %r",
+        name,
+        raw,
+        default,
+    )
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    _warn_malformed(name, raw, default)
+    return default
+
+
+def _number(
+    environ: Mapping[str, str], name: str, default: float, minimum: float, maximum: float
+) -> float:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        _warn_malformed(name, raw, default)
+        return default
+    return value
+
+
+def _integer(
+    environ: Mapping[str, str], name: str, default: int, minimum: int, maximum: int
+) -> int:
+    value = _number(environ, name, default, minimum, maximum)
+    if value != int(value):
+        _warn_malformed(name, environ.get(name, ""), default)
+        return default
+    return int(value)
+
+
+def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    """The first of ``names`` set to a non-blank value, with that value."""
+    for name in names:
+        raw = environ.get(name)
+        if raw is not None and raw.strip():
+            return name, raw.strip()
+    return None
+
+
+def _exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
+    raw = environ.get(OTEL_METRICS_EXPORTER)
+    if raw is None or not raw.strip():
+        return ("otlp",)
+    names = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
+    unknown = [name for name in names if name not in EXPORTERS]
+    if unknown or not names:
+        _warn_malformed(OTEL_METRICS_EXPORTER, raw, "otlp")
+        return ("otlp",)
+    return tuple(name for name in names if name != "none") or ("none",)
+
+
+def _protocol(environ: Mapping[str, str]) -> str:
+    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
+    if found is None:
+        return "grpc"
+    name, raw = found
+    if raw.lower() not in PROTOCOLS:
+        _warn_malformed(name, raw, "grpc")
+        return "grpc"
+    return raw.lower()
+
+
+def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
+    specific = _first(environ, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
+    if specific is not None:
+        return specific[1]  # used as is, per the OTel spec
+    general = _first(environ, OTEL_EXPORTER_OTLP_ENDPOINT)
+    if protocol == "grpc":
+        return general[1] if general else DEFAULT_GRPC_ENDPOINT
+    base = general[1] if general else DEFAULT_HTTP_ENDPOINT
+    return base.rstrip("/") + "/v1/metrics"
+
+
+def _headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_HEADERS, OTEL_EXPORTER_OTLP_HEADERS)
+    if found is None:
+        return ()
+    name, raw = found
+    headers = []
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            _warn_malformed(name, "<redacted>", "no headers")
+            return ()
+        headers.append((unquote(key.strip()).lower(), unquote(value.strip())))
+    return tuple(headers)
+
+
+def _timeout(environ: Mapping[str, str]) -> float:
+    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT)
+    if found is None:
+        return 10.0
+    name, raw = found
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        _warn_malformed(name, raw, 10.0)
+        return 10.0
+    if value >= _MILLISECONDS_THRESHOLD:
+        warn_once(
+            f"env:{name}:ms",
+            "async_tee: %s=%s looks like milliseconds (the OTel spec's unit; Python's "
+            "exporters read seconds): using %.3f s",
+            name,
+            raw,
+            value / 1000.0,
+        )
+        return value / 1000.0
+    return value
+
+
+def _resource_attributes(
+    environ: Mapping[str, str], ranks: bool
+) -> tuple[tuple[str, str | int], ...]:
+    attributes: dict[str, str | int] = {}
+    raw = environ.get(OTEL_RESOURCE_ATTRIBUTES, "")
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            _warn_malformed(OTEL_RESOURCE_ATTRIBUTES, raw, "the well-formed pairs only")
+            continue
+        attributes[unquote(key.strip())] = unquote(value.strip())
+    service = _first(environ, OTEL_SERVICE_NAME)
+    if service is not None:
+        attributes["service.name"] = service[1]
+    if ranks:
+        for variable, attribute in _RANK_VARIABLES:
+            value = environ.get(variable, "").strip()
+            if value.isdigit() and attribute not in attributes:
+                attributes[attribute] = int(value)
+        if "rl.rank" in attributes:
+            # A stable identity per rank, so a restarted rank continues its own series
+            # instead of starting a new random service.instance.id (unbounded cardinality
+            # across restarts in a backend that keeps resource labels).
+            host = attributes.get("host.name") or socket.gethostname()
+            attributes.setdefault("host.name", host)
+            attributes.setdefault("service.instance.id", f"{host}/rank-{attributes['rl.rank']}")
+    return tuple(attributes.items())
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read every variable from ``environ`` (``os.environ`` by default). Never raises."""
+    env = os.environ if environ is None else environ
+    defaults = Settings()
+    enabled = _bool(env, ASYNC_TEE_ENABLED, True) and not _bool(env, OTEL_SDK_DISABLED, False)
+    protocol = _protocol(env)
+    return Settings(
+        enabled=enabled,
+        queue_size=_integer(env, ASYNC_TEE_QUEUE_SIZE, defaults.queue_size, 1, 1_000_000),
+        drain_interval_s=_number(
+            env, ASYNC_TEE_DRAIN_INTERVAL, defaults.drain_interval_s, 0.001, 60.0
+        ),
+        shutdown_timeout_s=_number(
+            env, ASYNC_TEE_SHUTDOWN_TIMEOUT, defaults.shutdown_timeout_s, 0.0, 600.0
+        ),
+        max_attribute_sets=_integer(
+            env, ASYNC_TEE_MAX_ATTRIBUTE_SETS, defaults.max_attribute_sets, 1, 100_000
+        ),
+        exporters=_exporters(env),
+        otlp_protocol=protocol,
+        otlp_endpoint=_endpoint(env, protocol),
+        otlp_headers=_headers(env),
+        otlp_timeout_s=_timeout(env),
+        otlp_insecure=(
+            _bool(env, OTEL_EXPORTER_OTLP_METRICS_INSECURE, False)
+            if OTEL_EXPORTER_OTLP_METRICS_INSECURE in env
+            else _bool(env, OTEL_EXPORTER_OTLP_INSECURE, False)
+            if OTEL_EXPORTER_OTLP_INSECURE in env
+            else None
+        ),
+        export_interval_ms=_number(
+            env, OTEL_METRIC_EXPORT_INTERVAL, defaults.export_interval_ms, 1.0, 86_400_000.0
+        ),
+        export_timeout_ms=_number(
+            env, OTEL_METRIC_EXPORT_TIMEOUT, defaults.export_timeout_ms, 1.0, 86_400_000.0
+        ),
+        prometheus_host=(_first(env, OTEL_EXPORTER_PROMETHEUS_HOST) or ("", "127.0.0.1"))[1],
+        prometheus_port=_integer(env, OTEL_EXPORTER_PROMETHEUS_PORT, 9464, 0, 65535),
+        resource_attributes=_resource_attributes(env, _bool(env, ASYNC_TEE_RANK_ATTRIBUTES, True)),
+    )

@@ -1,0 +1,84 @@
+"""The bounded, drop-oldest, lock-free queue between the training thread and the worker.
+
+``put`` is one C call under the GIL: ``deque.extend(zip((item,), counter))`` draws the
+item's sequence number and appends it in the same indivisible step, so sequence numbers
+are strictly increasing along the deque whatever the number of producer threads. The
+deque's ``maxlen`` drops the oldest item on overflow; the worker finds out how many by the
+gap in sequence numbers when it next pops, so drop accounting is exact without the
+producer ever counting, locking or waking anyone (SEMANTICS 1; issue 3 for the figures).
+
+Relies on the GIL: a free-threaded build would need a different hand-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _nothing() -> None:
+    return None
+
+
+class DropOldestQueue(Generic[T]):
+    """A bounded FIFO whose ``put`` never blocks, never locks, and drops the oldest item.
+
+    Any number of threads may ``put``; exactly one (the worker) may ``pop_batch``.
+    """
+
+    __slots__ = ("capacity", "counter", "extend", "high_water", "items", "on_high_water")
+
+    def __init__(self, capacity: int, high_water: int | None = None) -> None:
+        """Create a queue holding at most ``capacity`` items.
+
+        Args:
+            capacity: The bound; the oldest item goes when a put would exceed it.
+            high_water: Queue length at which ``put`` calls ``on_high_water`` (a burst is
+                about to overflow); three quarters of ``capacity`` by default.
+
+        Raises:
+            ValueError: ``capacity`` is below 1.
+        """
+        if capacity < 1:
+            raise ValueError(f"queue capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.high_water = max(1, capacity * 3 // 4) if high_water is None else high_water
+        self.items: deque[tuple[T, int]] = deque(maxlen=capacity)
+        self.counter = itertools.count()
+        # Bound once, so a producer's hot path is attribute loads and one C call; the tee
+        # inlines put() for the same reason.
+        self.extend: Callable[[Any], None] = self.items.extend
+        self.on_high_water: Callable[[], None] = _nothing
+
+    def put(self, item: T) -> None:
+        """Append ``item``, dropping the oldest if full. Never blocks; safe from any thread."""
+        self.extend(zip((item,), self.counter, strict=False))
+        if len(self.items) >= self.high_water:
+            self.on_high_water()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def enqueued(self) -> int:
+        """How many items were ever put (the next sequence number). Safe from any thread."""
+        # repr(count) is "count(N)", N the next value: the one read of an itertools.count
+        # that does not consume it. Exact, because put draws and appends atomically.
+        return int(repr(self.counter)[6:-1])
+
+    def pop_batch(self, limit: int) -> list[tuple[T, int]]:
+        """Remove and return up to ``limit`` ``(item, sequence)`` pairs, oldest first.
+
+        Only the worker calls this.
+        """
+        popleft = self.items.popleft
+        batch: list[tuple[T, int]] = []
+        for _ in range(limit):
+            try:
+                batch.append(popleft())
+            except IndexError:
+                break
+        return batch

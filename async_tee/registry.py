@@ -1,0 +1,471 @@
+"""The consumer-driven metric registry: named groups of series, recorded by key, never raising.
+
+A consumer declares its series once (``register_metric_group``) and records plain
+``{key: value}`` dicts against them (``record_metrics``); the registry owns the
+OpenTelemetry instruments. It is written against the OTel metrics API, which it imports
+only when the first instrument is created, so importing this module stays cheap.
+
+Gauges and sums are kept as a latest-value / running-total table that an observable
+instrument reports once per export cycle: recording is then a dict store (~0.2 µs) instead
+of a trip through the SDK's attribute validation and aggregation (~5-15 µs per call,
+measured in ``benchmarks/``), and the point set a backend sees is the same: the last value
+per attribute set, every interval, forever. Histograms record through the SDK directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from async_tee.reporting import warn_once
+from async_tee.vocabulary import OBSERVABLE_KINDS, as_scalar, validate_series
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+DEFAULT_MAX_ATTRIBUTE_SETS = 512
+"""Attribute sets kept per series; later sets are dropped and counted, not exported.
+
+Below the SDK's own limit of 2,000, past which points silently merge into one
+``otel.metric.overflow`` series.
+"""
+
+AttributeValue = str | bool | int | float
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+    """One series of a metric group.
+
+    Attributes:
+        key: The registry key values are recorded against; a Python identifier.
+        name: The OTel instrument name.
+        kind: ``gauge``, ``counter``, ``histogram``, ``up_down_counter``, or one of
+            ``observable_gauge``, ``observable_counter``, ``observable_up_down_counter``.
+        unit: UCUM-ish unit, ASCII, at most 63 characters.
+        description: Help text carried to the backend.
+        callback: For observable kinds only, called once per export cycle with the SDK's
+            ``CallbackOptions``; returns ``Observation`` objects.
+        buckets: For histograms, explicit bucket boundaries (the SDK's default ones,
+            0-10,000, suit neither seconds nor milliseconds).
+    """
+
+    key: str
+    name: str
+    kind: str = "gauge"
+    unit: str = ""
+    description: str = ""
+    callback: Callable[..., Iterable[Any]] | None = dataclasses.field(default=None, compare=False)
+    buckets: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key.isidentifier():
+            raise ValueError(f"metric key {self.key!r} must be a Python identifier")
+        validate_series(self.name, self.kind, self.unit)
+        observable = self.kind in OBSERVABLE_KINDS
+        if observable and self.callback is None:
+            raise ValueError(f"observable metric {self.name!r} needs a callback")
+        if not observable and self.callback is not None:
+            raise ValueError(f"metric {self.name!r} of kind {self.kind!r} cannot take a callback")
+        if self.buckets is not None:
+            bounds = tuple(float(b) for b in self.buckets)
+            if self.kind != "histogram":
+                raise ValueError(f"metric {self.name!r}: only a histogram takes buckets")
+            if any(not math.isfinite(b) for b in bounds) or list(bounds) != sorted(set(bounds)):
+                raise ValueError(f"metric {self.name!r}: buckets must be finite and increasing")
+            object.__setattr__(self, "buckets", bounds)
+
+
+class FrozenAttributes:
+    """An attribute set validated and keyed once, for callers that reuse it every record."""
+
+    __slots__ = ("key", "mapping")
+
+    def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Validate ``attributes``.
+
+        Raises:
+            ValueError: A key is not a non-empty string or a value is not a str, bool,
+                int or finite float.
+        """
+        items = []
+        for name, value in attributes.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"attribute name must be a non-empty string: {name!r}")
+            if not isinstance(value, (str, bool, int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)
+            ):
+                raise ValueError(f"attribute {name!r}: unsupported value {value!r}")
+            items.append((name, value))
+        self.key: tuple[tuple[str, AttributeValue], ...] = tuple(sorted(items))
+        self.mapping: dict[str, AttributeValue] = dict(self.key)
+
+
+NO_ATTRIBUTES = FrozenAttributes({})
+
+
+@dataclasses.dataclass
+class RegistryCounts:
+    """What the registry refused to record, by reason; read by self-telemetry."""
+
+    non_finite: int = 0
+    rejected: int = 0
+    cardinality: int = 0
+    errors: int = 0
+    non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+COUNTS = RegistryCounts()
+_GROUPS: dict[str, tuple[MetricSpec, ...]] = {}
+_LOCK = threading.Lock()  # guards running totals and instrument creation; never the tee's
+_MAX_SETS = [DEFAULT_MAX_ATTRIBUTE_SETS]
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, _Series]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def set_max_attribute_sets(limit: int) -> None:
+    """Bound the attribute sets kept per series (applies to series created afterwards)."""
+    if limit < 1:
+        raise ValueError(f"max attribute sets must be at least 1, got {limit}")
+    _MAX_SETS[0] = limit
+
+
+def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
+    """Declare a named group of series, once per process.
+
+    The specs are read once: rows declared later are not in the group.
+
+    Raises:
+        ValueError: The group name is empty, the specs are empty, two specs share a key
+            or a name, a spec is not a ``MetricSpec``, or the group is already registered.
+    """
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"metric group name must be a non-empty string: {group!r}")
+    specs = tuple(specs)
+    if not specs:
+        raise ValueError(f"metric group {group!r} has no specs")
+    keys: set[str] = set()
+    names: set[str] = set()
+    for spec in specs:
+        if not isinstance(spec, MetricSpec):
+            raise ValueError(f"metric group {group!r}: expected MetricSpec, got {spec!r}")
+        if spec.key in keys:
+            raise ValueError(f"metric group {group!r}: duplicate key {spec.key!r}")
+        if spec.name in names:
+            raise ValueError(f"metric group {group!r}: duplicate name {spec.name!r}")
+        keys.add(spec.key)
+        names.add(spec.name)
+    with _LOCK:
+        if group in _GROUPS:
+            raise ValueError(f"metric group {group!r} is already registered")
+        _GROUPS[group] = specs
+
+
+def group_specs(group: str) -> tuple[MetricSpec, ...]:
+    """The specs of a registered group, or an empty tuple."""
+    return _GROUPS.get(group, ())
+
+
+class _Series:
+    """One instrument of a group, and how a value is recorded to it."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        raise NotImplementedError
+
+
+class _LastValue(_Series):
+    """A gauge: the latest value per attribute set, reported by an observable gauge."""
+
+    __slots__ = ("_observation", "limit", "points")
+
+    def __init__(self, spec: MetricSpec, observation: type[Observation]) -> None:
+        super().__init__(spec)
+        self._observation = observation
+        self.limit = _MAX_SETS[0]
+        self.points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
+        self.points = {}
+
+    def _admit(self, attributes: FrozenAttributes) -> bool:
+        if attributes.key in self.points or len(self.points) < self.limit:
+            return True
+        COUNTS.cardinality += 1
+        warn_once(
+            f"cardinality:{self.spec.name}",
+            "async_tee: series %s reached %d attribute sets; new sets are dropped",
+            self.spec.name,
+            self.limit,
+        )
+        return False
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if self._admit(attributes):
+            self.points[attributes.key] = (value, attributes)
+
+    def clear(self, attributes: FrozenAttributes) -> None:
+        self.points.pop(attributes.key, None)
+
+    def observe(self, _options: CallbackOptions) -> list[Observation]:
+        # dict.copy() is atomic under the GIL: the exporter's thread reads a consistent
+        # snapshot while the worker keeps writing.
+        return [
+            self._observation(value, attributes.mapping)
+            for value, attributes in self.points.copy().values()
+        ]
+
+
+class _RunningTotal(_LastValue):
+    """A counter or up-down counter: a running total per attribute set, fed deltas."""
+
+    __slots__ = ("monotonic",)
+
+    def __init__(self, spec: MetricSpec, observation: type[Observation]) -> None:
+        super().__init__(spec, observation)
+        self.monotonic = spec.kind == "counter"
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if self.monotonic and value < 0:
+            COUNTS.rejected += 1
+            warn_once(
+                f"negative:{self.spec.name}",
+                "async_tee: counter %s got a negative delta %r; dropped",
+                self.spec.name,
+                value,
+            )
+            return
+        with _LOCK:
+            if self._admit(attributes):
+                previous = self.points.get(attributes.key)
+                total = value if previous is None else previous[0] + value
+                self.points[attributes.key] = (total, attributes)
+
+    def clear(self, attributes: FrozenAttributes) -> None:
+        """A total has no stale value to withdraw: a non-finite delta is only skipped."""
+
+
+class _Histogram(_Series):
+    __slots__ = ("_instrument", "_seen", "limit")
+
+    def __init__(self, spec: MetricSpec, meter: Meter) -> None:
+        super().__init__(spec)
+        self._instrument = meter.create_histogram(
+            spec.name,
+            unit=spec.unit,
+            description=spec.description,
+            explicit_bucket_boundaries_advisory=list(spec.buckets) if spec.buckets else None,
+        )
+        self._seen: set[tuple[tuple[str, AttributeValue], ...]] = set()
+        self.limit = _MAX_SETS[0]
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if attributes.key not in self._seen:
+            if len(self._seen) >= self.limit:
+                COUNTS.cardinality += 1
+                warn_once(
+                    f"cardinality:{self.spec.name}",
+                    "async_tee: series %s reached %d attribute sets; new sets are dropped",
+                    self.spec.name,
+                    self.limit,
+                )
+                return
+            self._seen.add(attributes.key)
+        self._instrument.record(value, attributes.mapping)
+
+
+class _Observed(_Series):
+    """An observable row whose owner supplies the callback; recording to it is an error."""
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        COUNTS.rejected += 1
+        warn_once(
+            f"observable:{self.spec.name}",
+            "async_tee: %s is observable (its callback reports it); recorded value dropped",
+            self.spec.name,
+        )
+
+
+def _guarded_callback(spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """Wrap an owner's callback so a failure warns once instead of every export cycle."""
+    callback = spec.callback
+    assert callback is not None
+
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        try:
+            return list(callback(options))
+        except Exception:  # noqa: BLE001 - the owner's callback must not break an export
+            COUNTS.errors += 1
+            warn_once(f"callback:{spec.name}", "async_tee: callback of %s failed", spec.name)
+            return []
+
+    return observe
+
+
+def _create(meter: Meter, spec: MetricSpec) -> _Series:
+    from opentelemetry.metrics import Observation
+
+    kind = spec.kind
+    common = {"unit": spec.unit, "description": spec.description}
+    if kind == "histogram":
+        return _Histogram(spec, meter)
+    if kind in OBSERVABLE_KINDS:
+        create_observable = {
+            "observable_gauge": meter.create_observable_gauge,
+            "observable_counter": meter.create_observable_counter,
+            "observable_up_down_counter": meter.create_observable_up_down_counter,
+        }[kind]
+        create_observable(spec.name, callbacks=[_guarded_callback(spec)], **common)
+        return _Observed(spec)
+    series: _LastValue
+    if kind == "gauge":
+        series = _LastValue(spec, Observation)
+        meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
+    elif kind == "counter":
+        series = _RunningTotal(spec, Observation)
+        meter.create_observable_counter(spec.name, callbacks=[series.observe], **common)
+    else:
+        series = _RunningTotal(spec, Observation)
+        meter.create_observable_up_down_counter(spec.name, callbacks=[series.observe], **common)
+    return series
+
+
+def _instruments(meter: Meter, group: str) -> dict[str, _Series] | None:
+    """The group's instruments on this meter, created on first use; None if unusable."""
+    by_group = _INSTRUMENTS.get(meter)
+    if by_group is not None:
+        found = by_group.get(group)
+        if found is not None:
+            return found
+    specs = _GROUPS.get(group)
+    if specs is None:
+        warn_once(f"group:{group}", "async_tee: metric group %r is not registered", group)
+        return None
+    with _LOCK:
+        by_group = _INSTRUMENTS.setdefault(meter, {})
+        if group in by_group:
+            return by_group[group]
+        created: dict[str, _Series] = {}
+        for spec in specs:
+            try:
+                created[spec.key] = _create(meter, spec)
+            except Exception:  # noqa: BLE001 - the SDK raises bare Exception on bad input
+                COUNTS.errors += 1
+                warn_once(
+                    f"create:{group}:{spec.key}",
+                    "async_tee: could not create instrument %s",
+                    spec.name,
+                )
+        by_group[group] = created
+        return created
+
+
+def create_metric_instruments(meter: Meter, group: str) -> None:
+    """Create every instrument of ``group`` on ``meter`` now. Idempotent; never raises.
+
+    Only observable series strictly need this: nothing ever records to them, so nothing
+    else would create them.
+    """
+    try:
+        _instruments(meter, group)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        COUNTS.errors += 1
+        warn_once(f"create:{group}", "async_tee: creating instruments of %r failed", group)
+
+
+def record_metrics(
+    meter: Meter,
+    group: str,
+    values: Mapping[str, Any],
+    attributes: Mapping[str, AttributeValue] | FrozenAttributes | None = None,
+) -> None:
+    """Record ``{key: value}`` against a group's series. Never raises.
+
+    ``None`` values are skipped. Non-finite values are not exported (the SDK would drop
+    them with a warning on every call and leave a gauge at its last finite value, hiding
+    e.g. a diverged loss): they are counted per series, and a gauge's last value for that
+    attribute set is withdrawn, so a dashboard shows a gap rather than a stale number.
+    An unknown group or key, a non-numeric value, bad attributes, a negative counter
+    delta, a value for an observable key, and any failure inside OTel are reported once
+    (warning, then debug), counted, and skipped. Safe from any thread.
+    """
+    try:
+        instruments = _instruments(meter, group)
+        if instruments is None:
+            return
+        if attributes is None:
+            frozen = NO_ATTRIBUTES
+        elif type(attributes) is FrozenAttributes:
+            frozen = attributes
+        else:
+            try:
+                frozen = FrozenAttributes(attributes)  # type: ignore[arg-type]
+            except (ValueError, AttributeError, TypeError):
+                COUNTS.rejected += 1
+                warn_once(
+                    f"attributes:{group}",
+                    "async_tee: bad attributes %r for group %r; values dropped",
+                    attributes,
+                    group,
+                )
+                return
+        for key, raw in values.items():
+            if raw is None:
+                continue
+            _record_one(instruments, group, key, raw, frozen)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        COUNTS.errors += 1
+        warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
+
+
+def _record_one(
+    instruments: Mapping[str, _Series],
+    group: str,
+    key: str,
+    raw: Any,
+    attributes: FrozenAttributes,
+) -> None:
+    series = instruments.get(key)
+    if series is None:
+        COUNTS.rejected += 1
+        warn_once(f"key:{group}:{key}", "async_tee: %r is not a key of group %r", key, group)
+        return
+    value = as_scalar(raw)
+    if value is None:
+        COUNTS.rejected += 1
+        warn_once(
+            f"value:{group}:{key}",
+            "async_tee: value %.80r for %s is not a number; dropped",
+            raw,
+            series.spec.name,
+        )
+        return
+    if not math.isfinite(value):
+        COUNTS.non_finite += 1
+        name = series.spec.name
+        COUNTS.non_finite_by_series[name] = COUNTS.non_finite_by_series.get(name, 0) + 1
+        if isinstance(series, _LastValue):
+            series.clear(attributes)
+        return
+    try:
+        series.record(value, attributes)
+    except Exception:  # noqa: BLE001 - an SDK failure must not stop the other keys
+        COUNTS.errors += 1
+        warn_once(f"emit:{group}:{key}", "async_tee: recording %s failed", series.spec.name)
+
+
+def _reinit_after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)

@@ -1,0 +1,241 @@
+"""The background thread: an asyncio loop that drains the hand-off queue on its own timer.
+
+The producer never wakes the worker in steady state (a cross-thread wake-up is a syscall
+and hands the GIL to the woken thread inside the producer's call): the worker wakes every
+``drain_interval_s`` by itself, and is woken early only when a burst crosses the queue's
+high-water mark, or by ``flush``/``stop`` from their own threads. Each popped item is
+handed to ``process``; a failure there is counted and never stops the loop. The loop
+never runs blocking work: exporting stays on the SDK's reader thread, and the default
+executor is never used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from async_tee.handoff import DropOldestQueue
+from async_tee.reporting import warn_once
+
+BATCH_SIZE = 256
+"""Items popped per slice of a drain, so a flood cannot hold the loop indefinitely."""
+
+LAG_SAMPLES = 2048
+"""Recent enqueue-to-record lags kept for the percentiles in ``stats()``."""
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Counts:
+    """Immutable snapshot of what the worker has accounted for; replaced, never mutated."""
+
+    __slots__ = ("errors", "next_expected", "overflow", "recorded", "shutdown")
+
+    def __init__(
+        self, next_expected: int, recorded: int, overflow: int, errors: int, shutdown: int
+    ) -> None:
+        self.next_expected = next_expected
+        self.recorded = recorded
+        self.overflow = overflow
+        self.errors = errors
+        self.shutdown = shutdown
+
+
+class Worker:
+    """Drains one ``DropOldestQueue`` on a daemon thread named ``async-tee-worker``."""
+
+    def __init__(
+        self,
+        queue: DropOldestQueue[Any],
+        process: Callable[[Any], None],
+        drain_interval_s: float,
+        on_lag: Callable[[float], None] | None = None,
+    ) -> None:
+        """Prepare a worker; ``start`` runs it.
+
+        Args:
+            queue: The hand-off queue this worker alone consumes.
+            process: Called on the worker thread with each item, oldest first.
+            drain_interval_s: How often the worker wakes by itself.
+            on_lag: Called with each item's enqueue-to-record lag in milliseconds.
+        """
+        self.queue = queue
+        self._process = process
+        self._interval = drain_interval_s
+        self._on_lag = on_lag
+        self.counts = Counts(0, 0, 0, 0, 0)
+        self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
+        self.max_lag_ms = 0.0
+        self._waiters: deque[tuple[int, threading.Event]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_future: asyncio.Future[None] | None = None
+        self._wake_pending = False
+        self._stopping = False
+        self._ready = threading.Event()
+        # Held while items are processed, so os.fork() can wait for a clean point instead
+        # of leaving the child an SDK lock held by a worker that no longer exists.
+        self.busy = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="async-tee-worker", daemon=True)
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The worker's thread."""
+        return self._thread
+
+    def start(self, timeout_s: float = 5.0) -> bool:
+        """Start the thread and wait until its loop runs; returns whether it did in time."""
+        self._thread.start()
+        return self._ready.wait(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:  # noqa: BLE001 - the thread must end quietly, never crash noisily
+            warn_once("worker:crash", "async_tee: the worker loop stopped unexpectedly")
+        finally:
+            self._ready.set()
+            self._release_waiters(force=True)
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._ready.set()
+        while True:
+            self.drain()
+            self._release_waiters()
+            if self._stopping:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._wake_future = future
+            timer = loop.call_later(self._interval, _resolve, future)
+            await future
+            timer.cancel()
+            self._wake_pending = False
+
+    def wake(self) -> None:
+        """Ask the worker to drain now. Safe from any thread; never blocks; never raises."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        loop = self._loop
+        if loop is None:
+            return
+        try:  # noqa: SIM105 - cheaper than contextlib.suppress on a producer's path
+            loop.call_soon_threadsafe(self._on_wake)
+        except RuntimeError:  # the loop is closed: nothing left to wake
+            pass
+
+    def _on_wake(self) -> None:
+        future = self._wake_future
+        if future is not None:
+            _resolve(future)
+
+    def drain(self) -> None:
+        """Process everything queued now. Only on the worker's thread (or after it ended)."""
+        queue = self.queue
+        while True:
+            batch = queue.pop_batch(BATCH_SIZE)
+            if not batch:
+                return
+            self._account(batch)
+
+    def _account(self, batch: list[tuple[Any, int]], discard: bool = False) -> None:
+        with self.busy:
+            self._account_locked(batch, discard)
+
+    def _account_locked(self, batch: list[tuple[Any, int]], discard: bool) -> None:
+        c = self.counts
+        expected, recorded, overflow = c.next_expected, c.recorded, c.overflow
+        errors, shutdown = c.errors, c.shutdown
+        process = self._process
+        for item, seq in batch:
+            overflow += seq - expected  # the gap: items the full queue dropped, oldest first
+            expected = seq + 1
+            if discard:
+                shutdown += 1
+            else:
+                try:
+                    process(item)
+                    recorded += 1
+                except Exception:  # noqa: BLE001 - one bad dict must not stop the worker
+                    errors += 1
+                    warn_once("worker:process", "async_tee: processing a logged dict failed")
+                self._note_lag((time.monotonic_ns() - item[-1]) / 1e6)
+            self.counts = Counts(expected, recorded, overflow, errors, shutdown)
+
+    def _note_lag(self, lag_ms: float) -> None:
+        self.lags_ms.append(lag_ms)
+        if lag_ms > self.max_lag_ms:
+            self.max_lag_ms = lag_ms
+        if self._on_lag is not None:
+            self._on_lag(lag_ms)
+
+    def _release_waiters(self, force: bool = False) -> None:
+        done = self.counts.next_expected
+        for entry in list(self._waiters):
+            if force or entry[0] <= done:
+                entry[1].set()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every item put before this call is processed. Never raises.
+
+        Returns:
+            True when all were processed within ``timeout_s``; False on timeout or when
+            the worker is not running.
+        """
+        target = self.queue.enqueued()
+        if self.counts.next_expected >= target:
+            return True
+        if threading.current_thread() is self._thread:
+            self.drain()
+            return self.counts.next_expected >= target
+        if not self._thread.is_alive():
+            return False
+        entry = (target, threading.Event())
+        self._waiters.append(entry)
+        self._wake_pending = False  # a flush must reach the loop even mid-burst
+        self.wake()
+        finished = entry[1].wait(max(0.0, timeout_s))
+        if not finished:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+        return self.counts.next_expected >= target
+
+    def stop(self, timeout_s: float) -> bool:
+        """Drain, stop the loop and join the thread, all within ``timeout_s``. Never raises.
+
+        Safe to call twice and from the worker's own thread (which then only drains).
+        Whatever is still queued when the worker has ended is counted as dropped for
+        ``shutdown``.
+
+        Returns:
+            Whether every item put before the call was processed.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        self._stopping = True
+        if threading.current_thread() is self._thread:
+            self.drain()
+            return self.pending() == 0
+        if self._thread.is_alive():
+            self._wake_pending = False
+            self.wake()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            return False
+        clean = self.pending() == 0
+        self._account(self.queue.pop_batch(self.queue.capacity), discard=True)
+        return clean
+
+    def pending(self) -> int:
+        """Items put but not yet accounted for (queued, in flight, or dropped unseen)."""
+        return self.queue.enqueued() - self.counts.next_expected
