@@ -7,11 +7,12 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
+from conftest import own_threads
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
     OTLPMetricExporter as GrpcExporter,
 )
@@ -45,22 +46,6 @@ from async_tee.sink import OtlpSink, ReceivedPoint, black_hole
 PROTOCOLS = ["grpc", "http"]
 # Generous upper bound for anything that is configured to give up after ~1 s.
 BOUND_S = 10.0
-
-
-def _own_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("async-tee")]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    yield
-    assert _own_threads() == []
-
-
-@pytest.fixture
-def sink() -> Iterator[OtlpSink]:
-    with OtlpSink() as s:
-        yield s
 
 
 def make_exporter(sink: OtlpSink, protocol: str, **kwargs: Any) -> Any:
@@ -430,11 +415,11 @@ def test_lifecycle_and_endpoints() -> None:
         assert sink.grpc_port > 0
         assert sink.http_port > 0
         assert sink.grpc_port != sink.http_port
-        assert any(name.startswith("async-tee-sink") for name in _own_threads())
+        assert any(name.startswith("async-tee-sink") for name in own_threads())
     finally:
         sink.close()
     sink.close()  # idempotent
-    assert _own_threads() == []
+    assert own_threads() == []
     assert not sink.wait_for(lambda s: False, timeout_s=BOUND_S)  # returns at once when closed
     with pytest.raises(RuntimeError, match="restarted"):
         sink.start()
@@ -456,7 +441,7 @@ def test_port_conflict_fails_cleanly(
     with pytest.raises(error):
         other.start()
     other.close()
-    assert [t for t in _own_threads() if not t.startswith(sink.thread_prefix)] == []
+    assert [t for t in own_threads() if not t.startswith(sink.thread_prefix)] == []
 
 
 def test_close_while_http_client_keeps_connection_open(sink: OtlpSink) -> None:
