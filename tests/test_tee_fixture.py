@@ -182,7 +182,8 @@ def _sink_environ(sink: OtlpSink, protocol: str) -> dict[str, Any]:
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_fixture_over_real_otlp_reaches_the_receiver(sink, protocol):
     handle = async_tee.start_telemetry(environ=_sink_environ(sink, protocol))
-    assert handle.is_exporting and handle.owns_provider
+    assert handle.is_exporting
+    assert handle.owns_provider
     run_fixture()
     assert async_tee.flush(10)
     assert async_tee.shutdown_telemetry(10)  # the final export delivers everything
@@ -197,7 +198,8 @@ def test_fixture_over_real_otlp_reaches_the_receiver(sink, protocol):
     assert (some.kind, some.monotonic, some.unit) == ("sum", True, "{token}")
     resource = some.resource
     assert resource["service.name"] == "fixture-test"
-    assert resource["rl.rank"] == 3 and resource["rl.world_size"] == 8
+    assert resource["rl.rank"] == 3
+    assert resource["rl.world_size"] == 8
     assert "rank-3" in resource["service.instance.id"]
     # async_tee's own series travel with them.
     assert "async_tee.enqueued" in sink.names()
