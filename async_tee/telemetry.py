@@ -286,7 +286,10 @@ def _shutdown_provider(handle: TelemetryHandle, deadline: float) -> bool:
         return True
     from async_tee.provider import EXPORT_RESULTS
 
-    failures_before = EXPORT_RESULTS["failure"]
+    successes_before, failures_before = EXPORT_RESULTS["success"], EXPORT_RESULTS["failure"]
+    # Delivery needs evidence: the final export (made by provider.shutdown) succeeded. A
+    # reader stuck in an earlier export never makes it, and then nothing was delivered.
+    pushes = any(name in ("otlp", "console") for name in handle.settings.exporters)
     outcome: list[bool] = []
 
     def run() -> None:
@@ -301,7 +304,10 @@ def _shutdown_provider(handle: TelemetryHandle, deadline: float) -> bool:
     thread = threading.Thread(target=run, name="async-tee-shutdown", daemon=True)
     thread.start()
     thread.join(max(0.0, deadline - time.monotonic()))
-    return bool(outcome and outcome[0]) and EXPORT_RESULTS["failure"] == failures_before
+    exported = not pushes or EXPORT_RESULTS["success"] > successes_before
+    return (
+        bool(outcome and outcome[0]) and exported and EXPORT_RESULTS["failure"] == failures_before
+    )
 
 
 def shutdown_telemetry(timeout_s: float | None = None) -> bool:

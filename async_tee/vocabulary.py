@@ -69,16 +69,28 @@ def as_scalar(value: Any) -> float | None:
 
 def _coerce_foreign(value: Any) -> float | None:
     """Coerce a numpy/torch-like scalar without importing either library."""
-    dtype = str(getattr(value, "dtype", ""))
+    try:
+        return _coerce_foreign_unguarded(value)
+    except Exception:  # noqa: BLE001 - a foreign object's attributes may raise anything
+        return None
+
+
+# numpy dtype kinds that hold real numbers; strings, bytes, objects, complex numbers and
+# datetimes would otherwise be parsed or truncated by float() (np.array("1.0") -> 1.0).
+_REAL_DTYPE_KINDS = ("f", "i", "u")
+
+
+def _coerce_foreign_unguarded(value: Any) -> float | None:
+    raw_dtype = getattr(value, "dtype", None)
+    kind = getattr(raw_dtype, "kind", None)
+    if isinstance(kind, str) and kind not in _REAL_DTYPE_KINDS:
+        return None
+    dtype = "" if raw_dtype is None else str(raw_dtype)
     if dtype in ("bool", "torch.bool") or type(value).__name__ in ("bool_", "bool"):
         return None
     shape = getattr(value, "shape", None)
-    if shape is not None:
-        try:
-            if tuple(shape) != ():
-                return None
-        except Exception:  # noqa: BLE001 - a foreign object's shape is not ours to trust
-            return None
+    if shape is not None and tuple(shape) != ():
+        return None
     device = getattr(value, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         return None
@@ -277,6 +289,21 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
         if other is not None and other != row:
             raise ValueError(f"rows {other!r} and {row!r} collide within one declaration")
         seen_keys[row.logger_key] = seen_names[row.name] = row
+    claimed = _claimed_names()
+    for row in rows:  # check every row before changing anything: a failed call changes nothing
+        existing = _REGISTERED.get(row.logger_key)
+        if existing == row:
+            continue
+        if existing is not None and (_default or existing.name not in _DEFAULTS):
+            raise ValueError(
+                f"logger key {row.logger_key!r} is already teed as {existing.name!r}; "
+                f"cannot also tee it as {row.name!r}"
+            )
+        if row.name in claimed and (_default or row.name not in _DEFAULTS):
+            raise ValueError(
+                f"series {row.name!r} is already declared by {claimed[row.name]}; "
+                f"cannot declare it again for logger key {row.logger_key!r}"
+            )
     for row in rows:
         existing = _REGISTERED.get(row.logger_key)
         if existing == row:
@@ -286,18 +313,6 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
                 _drop_default(existing.name)
             if row.name in _DEFAULTS:
                 _drop_default(row.name)
-            existing = _REGISTERED.get(row.logger_key)
-        if existing is not None:
-            raise ValueError(
-                f"logger key {row.logger_key!r} is already teed as {existing.name!r}; "
-                f"cannot also tee it as {row.name!r}"
-            )
-        claimed_by = _claimed_names().get(row.name)
-        if claimed_by is not None:
-            raise ValueError(
-                f"series {row.name!r} is already declared by {claimed_by}; "
-                f"cannot declare it again for logger key {row.logger_key!r}"
-            )
         _REGISTERED[row.logger_key] = row
         if _default:
             _DEFAULTS.add(row.name)
@@ -323,15 +338,23 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
     for row in rows:
         _validate_recorded(row)
         _check_not_frozen(row.name)
+    claimed = _claimed_names()
+    in_call: dict[str, RecordedMetric] = {}
+    for row in rows:  # check every row before changing anything: a failed call changes nothing
+        other = in_call.setdefault(row.name, row)
+        if other is not row and not (other == row and other.callback is row.callback):
+            raise ValueError(f"rows {other!r} and {row!r} collide within one declaration")
+        existing = _RECORDED.get(row.name)
+        if existing is not None and existing == row and existing.callback is row.callback:
+            continue
+        if row.name in claimed and row.name not in _DEFAULTS:
+            raise ValueError(f"series {row.name!r} is already declared by {claimed[row.name]}")
     for row in rows:
         existing = _RECORDED.get(row.name)
         if existing is not None and existing == row and existing.callback is row.callback:
             continue
         if row.name in _DEFAULTS:
             _drop_default(row.name)
-        claimed_by = _claimed_names().get(row.name)
-        if claimed_by is not None:
-            raise ValueError(f"series {row.name!r} is already declared by {claimed_by}")
         _RECORDED[row.name] = row
 
 

@@ -190,15 +190,16 @@ class Worker:
         """Wait until every item put before this call is processed. Never raises.
 
         Returns:
-            True when all were processed within ``timeout_s``; False on timeout or when
-            the worker is not running.
+            True when all were processed within ``timeout_s``; False on timeout, when the
+            worker is not running, or when called from the worker's own thread.
         """
         target = self.queue.enqueued()
         if self.counts.next_expected >= target:
             return True
         if threading.current_thread() is self._thread:
-            self.drain()
-            return self.counts.next_expected >= target
+            # Called from code the worker runs (a log handler): it cannot wait for itself,
+            # and re-entering the drain would corrupt the batch in progress.
+            return False
         if not self._thread.is_alive():
             return False
         entry = (target, threading.Event())
@@ -214,7 +215,8 @@ class Worker:
     def stop(self, timeout_s: float) -> bool:
         """Drain, stop the loop and join the thread, all within ``timeout_s``. Never raises.
 
-        Safe to call twice and from the worker's own thread (which then only drains).
+        Safe to call twice and from the worker's own thread (which cannot wait for itself:
+        it returns False at once, and the loop drains and ends after the current item).
         Whatever is still queued when the worker has ended is counted as dropped for
         ``shutdown``.
 
@@ -224,8 +226,7 @@ class Worker:
         deadline = time.monotonic() + max(0.0, timeout_s)
         self._stopping = True
         if threading.current_thread() is self._thread:
-            self.drain()
-            return self.pending() == 0
+            return False  # the loop drains and ends once the current item is done
         if self._thread.is_alive():
             self._wake_pending = False
             self.wake()
