@@ -19,6 +19,19 @@ if TYPE_CHECKING:
 EXPORT_RESULTS = {"success": 0, "failure": 0}
 """Export attempts of the providers async_tee built, by result (read by ``stats()``)."""
 
+_SERVERS: list[Any] = []  # Prometheus HTTP servers async_tee started, closed at shutdown
+
+
+def close_servers() -> None:
+    """Stop the Prometheus HTTP servers async_tee started. Never raises."""
+    while _SERVERS:
+        server = _SERVERS.pop()
+        try:
+            server.shutdown()
+            server.server_close()
+        except Exception:  # noqa: BLE001 - shutdown must not raise
+            warn_once("prometheus:close", "async_tee: closing the Prometheus server failed")
+
 
 def _tracked(exporter: MetricExporter) -> MetricExporter:
     """Wrap ``exporter`` so every export's result is counted: delivery becomes observable."""
@@ -118,7 +131,9 @@ def _prometheus_reader(settings: Settings) -> MetricReader | None:
     reader = PrometheusMetricReader()
     try:
         # prometheus_client binds 0.0.0.0 by default: bind loopback unless told otherwise.
-        start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
+        served = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
+        if isinstance(served, tuple):  # prometheus_client >= 0.20 returns (server, thread)
+            _SERVERS.append(served[0])
     except OSError:
         warn_once(
             "prometheus:bind",

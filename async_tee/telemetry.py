@@ -304,6 +304,9 @@ def _shutdown_provider(handle: TelemetryHandle, deadline: float) -> bool:
     thread = threading.Thread(target=run, name="async-tee-shutdown", daemon=True)
     thread.start()
     thread.join(max(0.0, deadline - time.monotonic()))
+    from async_tee.provider import close_servers
+
+    close_servers()
     exported = not pushes or EXPORT_RESULTS["success"] > successes_before
     return (
         bool(outcome and outcome[0]) and exported and EXPORT_RESULTS["failure"] == failures_before
