@@ -294,6 +294,28 @@ class _Observed(_Series):
         )
 
 
+class _Unavailable(_Series):
+    """A series whose instrument could not be created: its values are dropped.
+
+    Stands in for the instrument so that a value for it is not reported a second time,
+    as a key unknown to the group; the creation failure already warned once.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, spec: MetricSpec, group: str) -> None:
+        super().__init__(spec)
+        self.group = group
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        COUNTS.rejected += 1
+        warn_once(
+            f"create:{self.group}:{self.spec.key}",
+            "async_tee: instrument %s could not be created; value dropped",
+            self.spec.name,
+        )
+
+
 def _guarded_callback(spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
     """Wrap an owner's callback so a failure warns once instead of every export cycle."""
     callback = spec.callback
@@ -364,6 +386,7 @@ def _instruments(meter: Meter, group: str) -> dict[str, _Series] | None:
                     "async_tee: could not create instrument %s",
                     spec.name,
                 )
+                created[spec.key] = _Unavailable(spec, group)
         by_group[group] = created
         return created
 
