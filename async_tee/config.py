@@ -235,6 +235,12 @@ def _timeout(environ: Mapping[str, str]) -> float:
     return value
 
 
+def _insecure(environ: Mapping[str, str]) -> bool | None:
+    """The first non-blank insecure flag; None (decided by the endpoint's scheme) if none."""
+    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_INSECURE, OTEL_EXPORTER_OTLP_INSECURE)
+    return None if found is None else _bool(environ, found[0], False)
+
+
 def _resource_attributes(
     environ: Mapping[str, str], ranks: bool
 ) -> tuple[tuple[str, str | int], ...]:
@@ -289,13 +295,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         otlp_endpoint=_endpoint(env, protocol),
         otlp_headers=_headers(env),
         otlp_timeout_s=_timeout(env),
-        otlp_insecure=(
-            _bool(env, OTEL_EXPORTER_OTLP_METRICS_INSECURE, False)
-            if OTEL_EXPORTER_OTLP_METRICS_INSECURE in env
-            else _bool(env, OTEL_EXPORTER_OTLP_INSECURE, False)
-            if OTEL_EXPORTER_OTLP_INSECURE in env
-            else None
-        ),
+        otlp_insecure=_insecure(env),
         export_interval_ms=_number(
             env, OTEL_METRIC_EXPORT_INTERVAL, defaults.export_interval_ms, 1.0, 86_400_000.0
         ),
