@@ -56,7 +56,7 @@ class DropOldestQueue(Generic[T]):
 
     def put(self, item: T) -> None:
         """Append ``item``, dropping the oldest if full. Never blocks; safe from any thread."""
-        self.extend(zip((item,), self.counter, strict=False))
+        self.extend(zip((item,), self.counter))  # noqa: B905 - strict= is the slow path
         if len(self.items) >= self.high_water:
             self.on_high_water()
 

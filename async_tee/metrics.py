@@ -220,7 +220,7 @@ def record_rl_metrics(
         return
     try:
         snapshot = (dict(values), None, None if attributes is None else dict(attributes))
-        queue.extend(zip(((*snapshot, monotonic_ns()),), queue.counter, strict=False))
+        queue.extend(zip(((*snapshot, monotonic_ns()),), queue.counter))  # noqa: B905
     except Exception:  # noqa: BLE001 - never raise into the caller
         _TEE_ERRORS[0] += 1
         warn_once("record_rl_metrics", "async_tee: record_rl_metrics failed; values dropped")
@@ -303,10 +303,10 @@ def tee_rl_metrics_to_otel(
     try:
         if prefix not in _TEED_PREFIXES:
             return
-        # One C call appends the snapshot with its sequence number (see handoff.py).
-        queue.extend(
-            zip(((dict(metrics), prefix or "", step, monotonic_ns()),), queue.counter, strict=False)
-        )
+        snapshot = (dict(metrics), prefix or "", step, monotonic_ns())
+        # One C call appends the snapshot with its sequence number (see handoff.py). No
+        # strict= keyword: it sends zip through its slow keyword-argument parser.
+        queue.extend(zip((snapshot,), queue.counter))  # noqa: B905
         if len(queue.items) >= queue.high_water:
             queue.on_high_water()
     except Exception:  # noqa: BLE001 - never raise into training
