@@ -10,12 +10,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from async_tee import default_rows as _default_rows  # noqa: F401 - declares the shipped rows
+from async_tee.catalog import CatalogEntry, series_catalog
+from async_tee.logger import Backend, JsonlBackend, Logger
 from async_tee.mapping import EfficiencyCategory, efficiency_categories, set_efficiency_categories
 from async_tee.metrics import (
     create_rl_metric_instruments,
     record_rl_metrics,
     tee_rl_metrics_to_otel,
 )
+from async_tee.prometheus_names import prometheus_name
 from async_tee.registry import (
     MetricSpec,
     create_metric_instruments,
@@ -42,7 +45,11 @@ from async_tee.vocabulary import (
 )
 
 __all__ = [
+    "Backend",
+    "CatalogEntry",
     "EfficiencyCategory",
+    "JsonlBackend",
+    "Logger",
     "MetricSpec",
     "RecordedMetric",
     "TeedMetric",
@@ -53,6 +60,7 @@ __all__ = [
     "create_rl_metric_instruments",
     "efficiency_categories",
     "flush",
+    "prometheus_name",
     "record_metrics",
     "record_rl_metrics",
     "recorded_metrics",
@@ -60,6 +68,7 @@ __all__ = [
     "register_recorded_metrics",
     "register_teed_metrics",
     "registry_key",
+    "series_catalog",
     "set_efficiency_categories",
     "shutdown_telemetry",
     "start_telemetry",

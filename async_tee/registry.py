@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from async_tee.prometheus_names import check_prometheus_names
 from async_tee.reporting import warn_once
 from async_tee.vocabulary import OBSERVABLE_KINDS, as_scalar, validate_series
 
@@ -143,7 +144,9 @@ def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
 
     Raises:
         ValueError: The group name is empty, the specs are empty, two specs share a key
-            or a name, a spec is not a ``MetricSpec``, or the group is already registered.
+            or a name, a spec is not a ``MetricSpec``, the group is already registered,
+            or two series (in this group, or one here and one in a registered group)
+            would share a Prometheus name, which would make Prometheus drop one of them.
     """
     if not isinstance(group, str) or not group:
         raise ValueError(f"metric group name must be a non-empty string: {group!r}")
@@ -164,6 +167,10 @@ def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
     with _LOCK:
         if group in _GROUPS:
             raise ValueError(f"metric group {group!r} is already registered")
+        check_prometheus_names(
+            [(spec.name, spec.kind, spec.unit) for spec in specs],
+            [(spec.name, spec.kind, spec.unit) for other in _GROUPS.values() for spec in other],
+        )
         _GROUPS[group] = specs
 
 

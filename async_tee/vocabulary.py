@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from async_tee.prometheus_names import check_prometheus_names
+
 METRIC_NAME_PREFIX = "rl."
 """Every series async_tee declares starts with this."""
 
@@ -34,6 +36,17 @@ OBSERVABLE_KINDS = ("observable_gauge", "observable_counter", "observable_up_dow
 
 METRIC_KINDS = SYNCHRONOUS_KINDS + OBSERVABLE_KINDS
 """Every kind the metric registry accepts."""
+
+DERIVED_SERIES: tuple[tuple[str, str, str], ...] = (
+    ("rl.efficiency.seconds", "gauge", "s"),
+    ("rl.efficiency.pct", "gauge", "%"),
+    ("rl.setup.duration", "gauge", "s"),
+)
+"""``(name, kind, unit)`` of the series the tee derives itself (SEMANTICS 3c, 3d).
+
+No declared row may take their Prometheus names; ``metrics`` declares them with the same
+name, kind and unit (a test keeps the two in step).
+"""
 
 # OTel's SDK raises a bare Exception at instrument creation for any other name, and for a
 # unit that is not ASCII or longer than 63 characters: catch both at declaration instead.
@@ -264,6 +277,24 @@ def _drop_default(name: str) -> None:
             del _REGISTERED[logger_key]
 
 
+def _check_prometheus(new: Iterable[TeedMetric | RecordedMetric], replaced: set[str]) -> None:
+    """Raise ``ValueError`` if a new row would share a Prometheus name with another series.
+
+    Checked against every declared row but the defaults this declaration replaces, and
+    against the derived series; Prometheus would otherwise keep one and drop the other.
+    """
+    declared: list[TeedMetric | RecordedMetric] = [*_REGISTERED.values(), *_RECORDED.values()]
+    kept = ((row.name, row.kind, row.unit) for row in declared if row.name not in replaced)
+    check_prometheus_names(
+        [(row.name, row.kind, row.unit) for row in new], [*kept, *DERIVED_SERIES]
+    )
+
+
+def _is_declared(row: RecordedMetric) -> bool:
+    existing = _RECORDED.get(row.name)
+    return existing is not None and existing == row and existing.callback is row.callback
+
+
 def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False) -> None:
     """Declare rows for teeing, from the module that logs their keys.
 
@@ -272,10 +303,12 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
     shipped default rows replaces that default row.
 
     Raises:
-        ValueError: Two rows claim the same logger key or the same series name, or a row
-            is malformed (bad name, kind or unit). Both collisions would be silent
-            otherwise: the first makes one row unreachable, the second makes two rows
-            record against one instrument.
+        ValueError: Two rows claim the same logger key or the same series name, a row
+            would share its Prometheus name with another declared or derived series
+            (``rl.x.y`` and ``rl.x_y`` are both ``rl_x_y``), or a row is malformed (bad
+            name, kind or unit). Every collision would be silent otherwise: the first
+            makes one row unreachable, the second makes two rows record against one
+            instrument, the third makes Prometheus drop one of two series.
         RuntimeError: Registration is already closed; see :func:`freeze_metrics`.
     """
     rows = tuple(rows)
@@ -304,6 +337,16 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
                 f"series {row.name!r} is already declared by {claimed[row.name]}; "
                 f"cannot declare it again for logger key {row.logger_key!r}"
             )
+    new = [row for row in rows if _REGISTERED.get(row.logger_key) != row]
+    replaced: set[str] = set()
+    if not _default:
+        for row in new:
+            existing = _REGISTERED.get(row.logger_key)
+            if existing is not None and existing.name in _DEFAULTS:
+                replaced.add(existing.name)
+            if row.name in _DEFAULTS:
+                replaced.add(row.name)
+    _check_prometheus(new, replaced)
     for row in rows:
         existing = _REGISTERED.get(row.logger_key)
         if existing == row:
@@ -329,9 +372,10 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
     Declaring a row identical to one already declared is a no-op.
 
     Raises:
-        ValueError: The series name is already declared, or the row is malformed (bad
-            name, kind or unit; a callback missing on an observable kind or present on a
-            synchronous one).
+        ValueError: The series name is already declared, the row would share its
+            Prometheus name with another declared or derived series, or the row is
+            malformed (bad name, kind or unit; a callback missing on an observable kind
+            or present on a synchronous one).
         RuntimeError: Registration is already closed; see :func:`freeze_metrics`.
     """
     rows = tuple(rows)
@@ -349,9 +393,10 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
             continue
         if row.name in claimed and row.name not in _DEFAULTS:
             raise ValueError(f"series {row.name!r} is already declared by {claimed[row.name]}")
+    new = [row for row in rows if not _is_declared(row)]
+    _check_prometheus(new, {row.name for row in new if row.name in _DEFAULTS})
     for row in rows:
-        existing = _RECORDED.get(row.name)
-        if existing is not None and existing == row and existing.callback is row.callback:
+        if _is_declared(row):
             continue
         if row.name in _DEFAULTS:
             _drop_default(row.name)

@@ -1,0 +1,201 @@
+"""Owns the catalog: every series async_tee would export, as a table or as JSON.
+
+Built from the declarations (teed and recorded rows), the series the tee derives itself
+(efficiency and start-up phases) and async_tee's own ``async_tee.*`` series, with the
+name each one gets in OTel and on Prometheus, its attributes and the logger key it reads.
+``async-tee catalog`` prints it. Imports no OpenTelemetry code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from async_tee import metrics, vocabulary
+from async_tee.mapping import EFFICIENCY_PCT_KEY
+from async_tee.prometheus_names import prometheus_name
+from async_tee.selfmetrics import self_metric_specs
+
+__all__ = ["CatalogEntry", "render_catalog", "series_catalog"]
+
+EFFICIENCY_SECONDS_LOGGER_KEY = "efficiency/<category>_s"
+SETUP_LOGGER_KEY = "timing/setup:*_s"
+
+_EFFICIENCY_SECONDS_ATTRIBUTES = (
+    metrics.RL_EFFICIENCY_CATEGORY_ATTR,
+    metrics.RL_EFFICIENCY_MEASUREMENT_ATTR,
+    metrics.RL_EFFICIENCY_WINDOW_ATTR,
+    metrics.RL_BUCKET_ATTR,
+)
+_EFFICIENCY_PCT_ATTRIBUTES = (
+    metrics.RL_EFFICIENCY_MEASUREMENT_ATTR,
+    metrics.RL_EFFICIENCY_WINDOW_ATTR,
+)
+# The attribute each self-metric is split by (selfmetrics.py reads them from stats()).
+SELF_METRIC_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "dropped": ("reason",),
+    "values_skipped": ("reason",),
+    "non_finite": ("series",),
+    "errors": ("where",),
+    "exports": ("result",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogEntry:
+    """One series async_tee would export.
+
+    Attributes:
+        name: The OTel series name.
+        prometheus_name: Its name on a Prometheus ``/metrics`` page.
+        kind: The registry kind (``gauge``, ``counter``, ``observable_counter``, ...).
+        unit: The OTel unit, or empty.
+        attributes: The attribute keys its points carry (``rl.bucket`` only on the
+            efficiency categories that have a bucket).
+        logger_key: The ``Logger`` key it reads: a key, a pattern
+            (``efficiency/<category>_s``, ``timing/setup:*_s``), or empty when it is
+            recorded directly or is async_tee's own.
+        description: Its help text.
+        source: ``teed``, ``recorded``, ``efficiency``, ``setup`` or ``self``.
+    """
+
+    name: str
+    prometheus_name: str
+    kind: str
+    unit: str
+    attributes: tuple[str, ...]
+    logger_key: str
+    description: str
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as a JSON-ready dict."""
+        out = dataclasses.asdict(self)
+        out["attributes"] = list(self.attributes)
+        return out
+
+
+def _entry(
+    name: str,
+    kind: str,
+    unit: str,
+    description: str,
+    *,
+    source: str,
+    logger_key: str = "",
+    attributes: Sequence[str] = (),
+) -> CatalogEntry:
+    return CatalogEntry(
+        name=name,
+        prometheus_name=prometheus_name(name, unit, kind),
+        kind=kind,
+        unit=unit,
+        attributes=tuple(attributes),
+        logger_key=logger_key,
+        description=description,
+        source=source,
+    )
+
+
+def series_catalog() -> list[CatalogEntry]:
+    """Every series declared now, in the order the registry would create them.
+
+    Reads the current declarations, so rows an owner module declared at import appear
+    once that module is imported. Never touches OpenTelemetry.
+    """
+    entries = [
+        _entry(
+            row.name,
+            row.kind,
+            row.unit,
+            row.description,
+            source="teed",
+            logger_key=row.logger_key,
+        )
+        for row in vocabulary.teed_metrics()
+    ]
+    entries += [
+        _entry(row.name, row.kind, row.unit, row.description, source="recorded")
+        for row in vocabulary.recorded_metrics()
+    ]
+    derived = {spec.name: spec for spec in metrics._metric_specs()}
+    seconds = derived[metrics.RL_EFFICIENCY_SECONDS_METRIC]
+    pct = derived[metrics.RL_EFFICIENCY_PCT_METRIC]
+    setup = derived[metrics.RL_SETUP_DURATION_METRIC]
+    entries += [
+        _entry(
+            seconds.name,
+            seconds.kind,
+            seconds.unit,
+            seconds.description,
+            source="efficiency",
+            logger_key=EFFICIENCY_SECONDS_LOGGER_KEY,
+            attributes=_EFFICIENCY_SECONDS_ATTRIBUTES,
+        ),
+        _entry(
+            pct.name,
+            pct.kind,
+            pct.unit,
+            pct.description,
+            source="efficiency",
+            logger_key=EFFICIENCY_PCT_KEY,
+            attributes=_EFFICIENCY_PCT_ATTRIBUTES,
+        ),
+        _entry(
+            setup.name,
+            setup.kind,
+            setup.unit,
+            setup.description,
+            source="setup",
+            logger_key=SETUP_LOGGER_KEY,
+            attributes=(metrics.RL_SETUP_PHASE_ATTR,),
+        ),
+    ]
+    entries += [
+        _entry(
+            spec.name,
+            spec.kind,
+            spec.unit,
+            spec.description,
+            source="self",
+            attributes=SELF_METRIC_ATTRIBUTES.get(spec.key, ()),
+        )
+        for spec in self_metric_specs(dict)
+    ]
+    return entries
+
+
+_COLUMNS = (
+    ("OTel name", "name"),
+    ("Prometheus name", "prometheus_name"),
+    ("kind", "kind"),
+    ("unit", "unit"),
+    ("attributes", "attributes"),
+    ("logger key", "logger_key"),
+    ("description", "description"),
+)
+
+
+def render_catalog(entries: Sequence[CatalogEntry], *, as_json: bool = False) -> str:
+    """Render ``entries`` as an aligned text table, or as a JSON list (``as_json``)."""
+    if as_json:
+        return json.dumps([entry.as_dict() for entry in entries], indent=2)
+    rows = [[title for title, _ in _COLUMNS]]
+    for entry in entries:
+        cells = []
+        for _, field in _COLUMNS:
+            value = getattr(entry, field)
+            cells.append(",".join(value) if isinstance(value, tuple) else str(value))
+        rows.append([cell or "-" for cell in cells])
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
+    lines = []
+    for index, row in enumerate(rows):
+        # The last column (the description) is not padded, so lines carry no trailing blanks.
+        lines.append(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""Owns the ``async-tee`` command line: ``sink``, ``demo`` and ``catalog``.
+
+``async-tee sink`` runs an OTLP metrics receiver in the foreground and prints every point
+it receives; ``async-tee demo`` runs a simulated GRPO training run through ``Logger`` and
+reports what arrived and what it cost; ``async-tee catalog`` lists every series async_tee
+would export, with its Prometheus name. ``python -m async_tee`` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+__all__ = ["main"]
+
+_POLL_S = 0.5  # how often the sink's foreground loop re-checks for a stop request
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 3600]: {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from async_tee import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="async-tee",
+        description="Mirror an RL trainer's metric dicts into OpenTelemetry, off the hot path.",
+    )
+    parser.add_argument("--version", action="version", version=f"async_tee {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sink = commands.add_parser(
+        "sink",
+        help="run an OTLP metrics receiver and print every point it receives",
+        description="Receive OTLP metrics over gRPC and HTTP and print one line per data "
+        "point, until Ctrl-C or SIGTERM. Port 0 picks a free port; the first line says "
+        "which.",
+    )
+    sink.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    sink.add_argument("--grpc-port", type=_port, default=4317, help="default: %(default)s")
+    sink.add_argument("--http-port", type=_port, default=4318, help="default: %(default)s")
+    sink.add_argument("--quiet", action="store_true", help="do not print the points")
+    sink.set_defaults(handler=_run_sink)
+
+    demo = commands.add_parser(
+        "demo",
+        help="simulate a GRPO run, export it over OTLP, and report what arrived and its cost",
+        description="Simulate a GRPO training run logged through async_tee.Logger, export "
+        "it over OTLP/gRPC to an embedded sink (or to OTEL_EXPORTER_OTLP_ENDPOINT when set), "
+        "and report the series received and the caller-side cost. Progress goes to stderr.",
+    )
+    demo.add_argument("--steps", type=_positive_int, default=20, help="default: %(default)s")
+    demo.add_argument(
+        "--step-seconds",
+        type=_seconds,
+        default=0.5,
+        help="simulated work per step (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--stall",
+        action="store_true",
+        help="stall the embedded sink: nothing arrives, and training keeps its pace",
+    )
+    demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument("--jsonl", metavar="PATH", help="keep the JSONL backend's file here")
+    demo.set_defaults(handler=_run_demo)
+
+    catalog = commands.add_parser(
+        "catalog",
+        help="list every series async_tee exports, with its Prometheus name",
+        description="List every declared series: OTel name, Prometheus name, kind, unit, "
+        "attributes, the logger key it reads, and its description.",
+    )
+    catalog.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    catalog.set_defaults(handler=_run_catalog)
+    return parser
+
+
+def _run_catalog(args: argparse.Namespace) -> int:
+    from async_tee.catalog import render_catalog, series_catalog
+
+    print(render_catalog(series_catalog(), as_json=args.json))
+    return 0
+
+
+class _LinePrinter:
+    """Writes whole lines to stdout from any thread; stops quietly if stdout goes away."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):  # a closed pipe (| head) must not spam warnings
+                self._broken = True
+
+
+def _run_sink(args: argparse.Namespace) -> int:
+    from async_tee.sink import OtlpSink
+
+    printer = _LinePrinter()
+    stop = threading.Event()
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    sink = OtlpSink(args.host, args.grpc_port, args.http_port, echo=None if args.quiet else printer)
+    # Ctrl-C and SIGTERM both just ask the loop below to stop: a KeyboardInterrupt could
+    # land anywhere (even between printing the banner and entering the loop).
+    previous = {
+        signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        try:
+            sink.start()
+        except (OSError, RuntimeError) as exc:
+            print(f"async-tee sink: cannot listen: {exc}", file=sys.stderr)
+            return 1
+        printer(
+            f"async-tee sink: receiving OTLP metrics on gRPC {sink.grpc_endpoint} and HTTP "
+            f"{sink.http_endpoint}/v1/metrics (Ctrl-C to stop)"
+        )
+        while not stop.wait(_POLL_S):
+            pass
+    finally:
+        sink.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    requests = sink.requests
+    printer(
+        f"async-tee sink: stopped; received {len(sink.points())} points in "
+        f"{requests['grpc']} gRPC and {requests['http']} HTTP requests"
+    )
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from async_tee import demo
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    result = demo.run(
+        steps=args.steps,
+        step_seconds=args.step_seconds,
+        stall=args.stall,
+        jsonl_path=args.jsonl,
+        progress=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, default=str))
+    else:
+        print(demo.render_result(result))
+    return 0 if result.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``async-tee`` command line.
+
+    Args:
+        argv: The arguments after the program name; ``sys.argv[1:]`` by default.
+
+    Returns:
+        The exit status: 0 on success, 1 when a command failed (the sink could not
+        listen, or the demo's embedded sink missed a default series), 2 on bad usage.
+    """
+    args = _parser().parse_args(argv)
+    handler: Any = args.handler
+    return int(handler(args))

@@ -1,0 +1,194 @@
+"""Owns the names a series gets on a Prometheus ``/metrics`` page, and the collision check.
+
+OpenTelemetry's ``PrometheusMetricReader`` (with ``prometheus_client``) renames every
+series: the SDK lowercases the name; runs of characters outside ``[a-zA-Z0-9:]`` (dots,
+slashes, dashes, and runs of underscores too) become one ``_``; the unit becomes a suffix
+(``s`` -> ``_seconds``, ``ms`` -> ``_milliseconds``, ``By`` -> ``_bytes``, ``%`` ->
+``_percent``, ``1/s`` -> ``_per_second``; ``1`` and ``{...}`` annotations add nothing)
+unless the name already ends with it; counters get ``_total`` (once: a name already
+ending in ``_total`` keeps one); up-down counters are gauges. So ``rl.efficiency.seconds``
+in ``s`` stays ``rl_efficiency_seconds``. The rules here are the exporter's own (checked
+against it in ``tests/test_catalog.py``), not a reading of the spec.
+
+Two series that end up with one name lose data silently: Prometheus keeps one and drops
+the other, with no error anywhere. :func:`check_prometheus_names` turns that into a
+``ValueError`` at declaration. Standard library only, like the vocabulary that calls it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = [
+    "check_prometheus_names",
+    "prometheus_name",
+    "prometheus_sample_names",
+    "prometheus_type",
+    "prometheus_unit",
+]
+
+# opentelemetry-exporter-prometheus, _mapping.py: one "_" per run of invalid characters.
+_INVALID_RUN = re.compile(r"[^a-zA-Z0-9:]+")
+# UCUM annotations; greedy, like the exporter's.
+_ANNOTATION = re.compile(r"{.*}")
+_UNITS = {
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "TiBy": "tibibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "TBy": "terabytes",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
+    "J": "joules",
+    "W": "watts",
+    "g": "grams",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "1": "",
+    "%": "percent",
+}
+_PER_UNITS = {
+    "s": "second",
+    "m": "minute",
+    "h": "hour",
+    "d": "day",
+    "w": "week",
+    "mo": "month",
+    "y": "year",
+}
+_TYPES = {
+    "gauge": "gauge",
+    "observable_gauge": "gauge",
+    "counter": "counter",
+    "observable_counter": "counter",
+    # A cumulative non-monotonic sum is a gauge on Prometheus (OTel's compatibility spec).
+    "up_down_counter": "gauge",
+    "observable_up_down_counter": "gauge",
+    "histogram": "histogram",
+}
+_TOTAL = "_total"
+
+
+def _sanitize(text: str) -> str:
+    return _INVALID_RUN.sub("_", text)
+
+
+def prometheus_type(kind: str) -> str:
+    """The Prometheus type a series of this registry kind is exported as.
+
+    Raises:
+        ValueError: ``kind`` is not one of the registry's kinds.
+    """
+    try:
+        return _TYPES[kind]
+    except KeyError:
+        raise ValueError(f"unknown metric kind {kind!r}; expected one of {tuple(_TYPES)}") from None
+
+
+def prometheus_unit(unit: str) -> str:
+    """The name suffix (without its ``_``) the exporter derives from a unit; may be empty."""
+    unit = _ANNOTATION.sub("", unit)
+    if unit in _UNITS:
+        return _UNITS[unit]
+    top, slash, bottom = unit.partition("/")
+    if slash:
+        bottom = _sanitize(bottom)
+        if bottom:
+            top = _sanitize(top)
+            top = _UNITS.get(top, top)
+            bottom = _PER_UNITS.get(bottom, bottom)
+            return f"{top}_per_{bottom}" if top else f"per_{bottom}"
+    return _sanitize(unit).strip("_")
+
+
+def _family(name: str, unit: str, kind: str) -> tuple[str, str]:
+    """The metric family name the exporter builds, and the Prometheus type."""
+    kind_type = prometheus_type(kind)
+    name = name.lower()  # the OTel SDK lowercases instrument names (they are case-insensitive)
+    if name and name[0].isdigit():
+        name = "_" + name[1:]
+    family = _sanitize(name)
+    if kind_type == "counter" and family.endswith(_TOTAL):
+        family = family[: -len(_TOTAL)]  # prometheus_client adds it back, once
+    suffix = prometheus_unit(unit)
+    if suffix and not family.endswith("_" + suffix):
+        family += "_" + suffix
+    return family, kind_type
+
+
+def prometheus_name(name: str, unit: str, kind: str) -> str:
+    """The name a series is queried by on Prometheus (its ``# TYPE`` line on ``/metrics``).
+
+    Args:
+        name: The OTel series name, e.g. ``rl.vllm.prompt_tokens``.
+        unit: Its unit, e.g. ``{token}``.
+        kind: The registry kind, e.g. ``counter``.
+
+    Returns:
+        E.g. ``rl_vllm_prompt_tokens_total``. A histogram's name is its family name; its
+        samples are ``_bucket``, ``_count`` and ``_sum`` (:func:`prometheus_sample_names`).
+
+    Raises:
+        ValueError: ``kind`` is not one of the registry's kinds.
+    """
+    family, kind_type = _family(name, unit, kind)
+    return family + _TOTAL if kind_type == "counter" else family
+
+
+def prometheus_sample_names(name: str, unit: str, kind: str) -> tuple[str, ...]:
+    """Every sample name the series puts on ``/metrics`` (three for a histogram).
+
+    Raises:
+        ValueError: ``kind`` is not one of the registry's kinds.
+    """
+    family, kind_type = _family(name, unit, kind)
+    if kind_type == "histogram":
+        return (f"{family}_bucket", f"{family}_count", f"{family}_sum")
+    return (family + _TOTAL,) if kind_type == "counter" else (family,)
+
+
+def _claims(name: str, unit: str, kind: str) -> tuple[str, ...]:
+    return (prometheus_name(name, unit, kind), *prometheus_sample_names(name, unit, kind))
+
+
+def check_prometheus_names(
+    new: Iterable[tuple[str, str, str]], existing: Iterable[tuple[str, str, str]] = ()
+) -> None:
+    """Raise ``ValueError`` if two series would share a name on Prometheus.
+
+    Both arguments hold ``(name, kind, unit)`` triples. ``new`` is checked against
+    ``existing`` and against itself; ``existing`` is trusted. Two entries with the same
+    OTel name are one series here (duplicate names are the registry's check).
+
+    Raises:
+        ValueError: Two series would be exported under one Prometheus name (a metric name
+            or a histogram's ``_bucket``/``_count``/``_sum`` sample). The message names both
+            series and the shared name.
+    """
+    claimed: dict[str, tuple[str, str]] = {}
+    for name, kind, unit in existing:
+        for exposed in _claims(name, unit, kind):
+            claimed.setdefault(exposed, (name, kind))
+    for name, kind, unit in new:
+        for exposed in _claims(name, unit, kind):
+            other = claimed.get(exposed)
+            if other is not None and other[0] != name:
+                raise ValueError(
+                    f"series {name!r} ({kind}) and series {other[0]!r} ({other[1]}) would "
+                    f"both be exported to Prometheus as {exposed!r}; Prometheus would keep "
+                    "one and drop the other without an error. Rename one of them."
+                )
+            claimed[exposed] = (name, kind)

@@ -1,0 +1,384 @@
+"""The catalog, Prometheus names checked against the real exporter, and the collision check."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics import MeterProvider
+
+import async_tee
+from async_tee import cli, default_rows, metrics, registry, vocabulary
+from async_tee.catalog import SELF_METRIC_ATTRIBUTES, render_catalog, series_catalog
+from async_tee.prometheus_names import (
+    check_prometheus_names,
+    prometheus_name,
+    prometheus_sample_names,
+)
+from async_tee.registry import MetricSpec, group_specs, register_metric_group
+from async_tee.selfmetrics import self_metric_specs
+from async_tee.vocabulary import (
+    RecordedMetric,
+    TeedMetric,
+    recorded_metrics,
+    register_recorded_metrics,
+    register_teed_metrics,
+    teed_metrics,
+)
+
+prometheus = pytest.importorskip("opentelemetry.exporter.prometheus")
+prometheus_client = pytest.importorskip("prometheus_client")
+
+TYPE_LINE = re.compile(r"^# TYPE (\S+) (\S+)$")
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]")
+
+
+def exposition(provider_setup) -> str:
+    """What a real PrometheusMetricReader puts on /metrics after ``provider_setup(meter)``."""
+    registry_ = prometheus_client.CollectorRegistry()
+    reader = prometheus.PrometheusMetricReader(registry=registry_, disable_target_info=True)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        provider_setup(provider)
+        return prometheus_client.generate_latest(registry_).decode()
+    finally:
+        provider.shutdown()
+
+
+def parse(text: str) -> tuple[dict[str, str], set[str]]:
+    """{family name: type} from the TYPE lines, and every sample name."""
+    types, samples = {}, set()
+    for line in text.splitlines():
+        match = TYPE_LINE.match(line)
+        if match:
+            types[match.group(1)] = match.group(2)
+        elif not line.startswith("#") and line.strip():
+            sample = SAMPLE_LINE.match(line)
+            assert sample, line
+            samples.add(sample.group(1))
+    return types, samples
+
+
+def emit(meter, name: str, unit: str, kind: str) -> None:
+    """Create one instrument of ``kind`` and give it a point."""
+
+    def observe(_options):
+        return [Observation(1.0)]
+
+    if kind == "gauge":
+        meter.create_gauge(name, unit=unit).set(1.0)
+    elif kind == "counter":
+        meter.create_counter(name, unit=unit).add(1)
+    elif kind == "up_down_counter":
+        meter.create_up_down_counter(name, unit=unit).add(1)
+    elif kind == "histogram":
+        meter.create_histogram(name, unit=unit).record(1.0)
+    else:
+        getattr(meter, f"create_{kind}")(name, unit=unit, callbacks=[observe])
+
+
+CASES = [
+    # MEASURED.md's rules
+    ("rl.reward.mean", "", "gauge"),
+    ("rl.vllm.prompt_tokens", "{token}", "counter"),
+    ("rl.x-y/z", "ms", "histogram"),
+    ("rl.mem.used", "By", "up_down_counter"),
+    ("rl.util", "%", "gauge"),
+    ("rl.rate", "1/s", "gauge"),
+    ("rl.ratio", "1", "counter"),
+    ("rl.mem", "By", "observable_up_down_counter"),
+    ("rl.t", "s", "observable_counter"),
+    ("rl.o", "{dict}", "observable_gauge"),
+    # what the exporter really does beyond them
+    ("rl.efficiency.seconds", "s", "gauge"),  # no second _seconds
+    ("rl.efficiency.pct", "%", "gauge"),
+    ("rl.tokens_total", "", "counter"),  # one _total
+    ("rl.tokens_total", "", "gauge"),  # a gauge keeps it
+    ("rl.c_total", "s", "counter"),  # _total stripped, unit added, _total back
+    ("rl.x__y..z", "", "gauge"),  # runs of invalid characters collapse
+    ("rl.lat", "us", "histogram"),
+    ("rl.dur", "min", "gauge"),
+    ("rl.q", "{a}/s", "gauge"),
+    ("rl.b", "By/s", "gauge"),
+    ("rl.w", "kBy", "gauge"),
+    ("rl.v", "1/{x}", "gauge"),
+    ("rl.v2", "m/h", "gauge"),
+    ("rl.n", "foo bar", "gauge"),
+    ("rl.hist_total", "", "histogram"),
+    ("Rl.Mixed.Case", "Cel", "gauge"),
+]
+
+
+@pytest.mark.parametrize(("name", "unit", "kind"), CASES)
+def test_prometheus_name_agrees_with_the_real_exporter(name, unit, kind):
+    text = exposition(lambda provider: emit(provider.get_meter("t"), name, unit, kind))
+    types, samples = parse(text)
+    assert list(types) == [prometheus_name(name, unit, kind)], text
+    assert samples == set(prometheus_sample_names(name, unit, kind)), text
+
+
+def test_measured_examples():
+    assert prometheus_name("rl.reward.mean", "", "gauge") == "rl_reward_mean"
+    assert prometheus_name("rl.vllm.prompt_tokens", "{token}", "counter") == (
+        "rl_vllm_prompt_tokens_total"
+    )
+    assert prometheus_name("rl.efficiency.seconds", "s", "gauge") == "rl_efficiency_seconds"
+    assert prometheus_name("rl.setup.duration", "s", "gauge") == "rl_setup_duration_seconds"
+    with pytest.raises(ValueError, match="unknown metric kind"):
+        prometheus_name("rl.x", "", "summary")
+
+
+def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls):
+    """The registry's real instruments, fed the fixture, exported by the real reader."""
+    registry_ = prometheus_client.CollectorRegistry()
+    reader = prometheus.PrometheusMetricReader(registry=registry_, disable_target_info=True)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        async_tee.start_telemetry(provider)
+        logger = async_tee.Logger()
+        for call in calls:
+            logger.log_metrics(call["metrics"], call["step"], call["prefix"])
+        logger.log_metrics(
+            {"critic/loss": 0.2, "reward": float("nan"), "reward_std": 0.1}, 43, "train"
+        )
+        assert async_tee.flush()
+        types, _ = parse(prometheus_client.generate_latest(registry_).decode())
+    finally:
+        async_tee.shutdown_telemetry(5.0)
+        provider.shutdown()
+    entries = series_catalog()
+    # rl.reward.mean was withdrawn by its NaN (a gap, not a stale value); all others present
+    expected = {e.prometheus_name for e in entries if e.name != "rl.reward.mean"}
+    assert expected <= set(types), sorted(expected - set(types))
+    for entry in entries:
+        if entry.prometheus_name in types:
+            assert (
+                types[entry.prometheus_name]
+                == {
+                    "gauge": "gauge",
+                    "observable_gauge": "gauge",
+                    "counter": "counter",
+                    "observable_counter": "counter",
+                    "histogram": "histogram",
+                }[entry.kind]
+            )
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+DEFAULT_NAMES = [row.name for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS]
+
+
+def test_catalog_holds_every_default_derived_and_self_series():
+    by_name = {entry.name: entry for entry in series_catalog()}
+    for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS:
+        entry = by_name[row.name]
+        assert (entry.kind, entry.unit, entry.logger_key, entry.source) == (
+            row.kind,
+            row.unit,
+            row.logger_key,
+            "teed",
+        )
+        assert entry.attributes == ()
+    assert by_name["rl.vllm.prompt_tokens"].prometheus_name == "rl_vllm_prompt_tokens_total"
+    assert by_name["rl.reward.mean"].prometheus_name == "rl_reward_mean"
+    seconds = by_name["rl.efficiency.seconds"]
+    assert seconds.prometheus_name == "rl_efficiency_seconds"
+    assert seconds.logger_key == "efficiency/<category>_s"
+    assert seconds.attributes == (
+        "rl.efficiency.category",
+        "rl.efficiency.measurement",
+        "rl.efficiency.window",
+        "rl.bucket",
+    )
+    pct = by_name["rl.efficiency.pct"]
+    assert pct.prometheus_name == "rl_efficiency_pct_percent"
+    assert pct.attributes == ("rl.efficiency.measurement", "rl.efficiency.window")
+    assert pct.logger_key == "efficiency/efficiency_pct"
+    setup = by_name["rl.setup.duration"]
+    assert (setup.prometheus_name, setup.attributes, setup.logger_key) == (
+        "rl_setup_duration_seconds",
+        ("rl.setup.phase",),
+        "timing/setup:*_s",
+    )
+    own = {name: entry for name, entry in by_name.items() if name.startswith("async_tee.")}
+    assert {spec.name for spec in self_metric_specs(dict)} == set(own)
+    assert own["async_tee.dropped"].attributes == ("reason",)
+    assert own["async_tee.dropped"].prometheus_name == "async_tee_dropped_total"
+    assert own["async_tee.lag"].prometheus_name == "async_tee_lag_milliseconds"
+    assert all(entry.logger_key == "" and entry.source == "self" for entry in own.values())
+
+
+def test_catalog_attributes_of_self_metrics_match_their_callbacks():
+    snapshot = {
+        "enqueued": 1,
+        "recorded": 1,
+        "pending": 0,
+        "capacity": 8,
+        "dropped_by_reason": {"overflow": 1},
+        "values_skipped": {"non_finite": 1},
+        "non_finite_by_series": {"rl.x": 1},
+        "errors": {"tee": 1},
+        "exports": {"success": 1},
+    }
+    catalogued = {e.name: e.attributes for e in series_catalog() if e.source == "self"}
+    for spec in self_metric_specs(lambda: snapshot):
+        if spec.callback is None:
+            assert catalogued[spec.name] == ()
+            continue
+        keys = {tuple(sorted(o.attributes or {})) for o in spec.callback(None)}
+        assert keys == {catalogued[spec.name]}, spec.name
+    assert set(SELF_METRIC_ATTRIBUTES) <= {spec.key for spec in self_metric_specs(dict)}
+
+
+def test_vocabulary_derived_series_match_what_the_tee_declares():
+    declared = {
+        (spec.name, spec.kind, spec.unit)
+        for spec in metrics._metric_specs()
+        if spec.name
+        in (
+            metrics.RL_EFFICIENCY_SECONDS_METRIC,
+            metrics.RL_EFFICIENCY_PCT_METRIC,
+            metrics.RL_SETUP_DURATION_METRIC,
+        )
+    }
+    assert declared == set(vocabulary.DERIVED_SERIES)
+
+
+def test_catalog_lists_user_rows():
+    register_teed_metrics([TeedMetric("my/acc", "rl.my.accuracy", unit="%")])
+    register_recorded_metrics([RecordedMetric("rl.host.memory", unit="By")])
+    by_name = {entry.name: entry for entry in series_catalog()}
+    assert by_name["rl.my.accuracy"].prometheus_name == "rl_my_accuracy_percent"
+    assert by_name["rl.my.accuracy"].logger_key == "my/acc"
+    assert by_name["rl.host.memory"].prometheus_name == "rl_host_memory_bytes"
+    assert by_name["rl.host.memory"].source == "recorded"
+    assert by_name["rl.host.memory"].logger_key == ""
+
+
+def test_catalog_table_is_aligned_and_complete(capsys):
+    assert cli.main(["catalog"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["OTel", "name", "Prometheus", "name"]
+    assert set(lines[1]) <= {"-", " "}
+    prometheus_column = lines[0].index("Prometheus name")
+    kind_column = lines[0].index("kind")
+    for entry in series_catalog():
+        (line,) = [line for line in lines if line.split()[0] == entry.name]
+        assert line[prometheus_column:kind_column].strip() == entry.prometheus_name
+        assert line[kind_column:].split()[0] == entry.kind
+    assert len(lines) == 2 + len(series_catalog())
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_catalog_json_output(capsys):
+    assert cli.main(["catalog", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [item["name"] for item in data] == [entry.name for entry in series_catalog()]
+    by_name = {item["name"]: item for item in data}
+    for name in [*DEFAULT_NAMES, "rl.efficiency.seconds", "rl.efficiency.pct", "rl.setup.duration"]:
+        assert name in by_name
+    assert by_name["rl.vllm.generations.ok"] == {
+        "name": "rl.vllm.generations.ok",
+        "prometheus_name": "rl_vllm_generations_ok_total",
+        "kind": "counter",
+        "unit": "{generation}",
+        "attributes": [],
+        "logger_key": "vllm/generations_ok",
+        "description": "Generations that completed.",
+        "source": "teed",
+    }
+    assert by_name["async_tee.errors"]["attributes"] == ["where"]
+
+
+def test_render_catalog_json_round_trips():
+    entries = series_catalog()
+    assert json.loads(render_catalog(entries, as_json=True)) == [e.as_dict() for e in entries]
+
+
+# ---------------------------------------------------------------- collisions
+
+
+def test_check_prometheus_names_names_both_series():
+    with pytest.raises(ValueError, match=r"'rl\.x_y'.*'rl\.x\.y'.*'rl_x_y'"):
+        check_prometheus_names([("rl.x.y", "gauge", ""), ("rl.x_y", "gauge", "")])
+    with pytest.raises(ValueError, match="'rl_loss'"):  # OTel lowercases instrument names
+        check_prometheus_names([("rl.Loss", "gauge", "")], [("rl.loss", "gauge", "")])
+    check_prometheus_names([("rl.x", "gauge", ""), ("rl.x", "gauge", "")])  # one series
+    check_prometheus_names([("rl.x", "gauge", ""), ("rl.x", "counter", "")])  # x vs x_total
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param(TeedMetric("a", "rl.x.y"), TeedMetric("b", "rl.x_y"), id="dot-underscore"),
+        pytest.param(TeedMetric("a", "rl.x__y"), TeedMetric("b", "rl.x_y"), id="underscore-run"),
+        pytest.param(
+            TeedMetric("a", "rl.lat", unit="s"), TeedMetric("b", "rl.lat_seconds"), id="unit"
+        ),
+        pytest.param(
+            TeedMetric("a", "rl.tok", kind="counter"), TeedMetric("b", "rl.tok_total"), id="total"
+        ),
+        pytest.param(
+            TeedMetric("a", "rl.h", kind="histogram"), TeedMetric("b", "rl.h_count"), id="sample"
+        ),
+    ],
+)
+def test_register_teed_metrics_rejects_prometheus_collisions(first, second):
+    before = teed_metrics()
+    with pytest.raises(ValueError, match=rf"{re.escape(second.name)}.*{re.escape(first.name)}"):
+        register_teed_metrics([first, second])  # within one call
+    assert teed_metrics() == before  # a failed call changes nothing
+    register_teed_metrics([first])
+    with pytest.raises(ValueError, match="Prometheus"):
+        register_teed_metrics([second])  # across calls
+    assert teed_metrics() == (*before, first)
+
+
+def test_register_teed_metrics_collision_with_a_default_row():
+    with pytest.raises(ValueError, match=r"rl\.reward_mean.*rl\.reward\.mean.*rl_reward_mean"):
+        register_teed_metrics([TeedMetric("my_reward", "rl.reward_mean")])
+
+
+def test_a_row_replacing_a_default_may_take_its_prometheus_name():
+    register_teed_metrics([TeedMetric("reward", "rl.reward_mean")])  # same logger key
+    assert "rl.reward.mean" not in [row.name for row in teed_metrics()]
+    register_recorded_metrics([RecordedMetric("rl.policy.loss", unit="1")])  # same name
+    assert "rl.policy.loss" in [row.name for row in recorded_metrics()]
+
+
+def test_register_teed_metrics_collision_with_a_derived_series():
+    with pytest.raises(ValueError, match=r"rl\.efficiency_seconds.*rl\.efficiency\.seconds"):
+        register_teed_metrics([TeedMetric("e", "rl.efficiency_seconds")])
+    with pytest.raises(ValueError, match=r"rl_setup_duration_seconds"):
+        register_teed_metrics([TeedMetric("d", "rl.setup.duration_seconds")])
+
+
+def test_register_recorded_metrics_rejects_prometheus_collisions():
+    with pytest.raises(ValueError, match=r"rl\.policy_loss.*rl\.policy\.loss"):
+        register_recorded_metrics([RecordedMetric("rl.policy_loss")])
+    register_recorded_metrics([RecordedMetric("rl.host.memory", unit="By")])
+    with pytest.raises(ValueError, match=r"rl\.host\.memory_bytes.*rl\.host\.memory"):
+        register_recorded_metrics([RecordedMetric("rl.host.memory_bytes")])
+    with pytest.raises(ValueError, match=r"rl\.gpu_util.*rl\.gpu\.util"):
+        register_recorded_metrics([RecordedMetric("rl.gpu.util"), RecordedMetric("rl.gpu_util")])
+    assert [row.name for row in recorded_metrics()] == ["rl.host.memory"]
+    # a teed row colliding with a recorded one
+    with pytest.raises(ValueError, match=r"rl\.host_memory.*rl\.host\.memory"):
+        register_teed_metrics([TeedMetric("mem", "rl.host_memory", unit="By")])
+
+
+def test_register_metric_group_rejects_prometheus_collisions():
+    with pytest.raises(ValueError, match=r"g\.x_y.*g\.x\.y"):
+        register_metric_group("g", [MetricSpec("a", "g.x.y"), MetricSpec("b", "g.x_y")])
+    assert group_specs("g") == ()
+    register_metric_group("first", [MetricSpec("a", "g.lat", unit="s")])
+    with pytest.raises(ValueError, match=r"g\.lat_seconds.*g\.lat.*g_lat_seconds"):
+        register_metric_group("second", [MetricSpec("b", "g.lat_seconds")])
+    assert group_specs("second") == ()
+    register_metric_group("third", [MetricSpec("c", "g.lat", kind="counter", unit="ms")])
+    assert registry.group_specs("third")

@@ -1,0 +1,415 @@
+"""The command line: the sink in the foreground (both protocols, SIGTERM), the demo, usage."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+    OTLPMetricExporter as GrpcExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+    OTLPMetricExporter as HttpExporter,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+
+import async_tee
+from async_tee import cli, default_rows, demo
+
+BOUND_S = 20.0  # generous: these machines are shared and noisy
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without any OTLP endpoint, so the demo uses its embedded sink."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ASYNC_TEE_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lines:
+    """Reads a subprocess's stdout on a thread, so the test can wait for a line with a bound."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.queue.put(line.rstrip("\n"))
+        self.queue.put(None)
+
+    def wait_for(self, predicate, timeout_s: float = BOUND_S) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no matching line within {timeout_s} s; saw {self.seen}")
+            try:
+                line = self.queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"stdout closed; saw {self.seen}")
+            self.seen.append(line)
+            if predicate(line):
+                return line
+
+    def rest(self) -> list[str]:
+        self.thread.join(BOUND_S)
+        out = []
+        while not self.queue.empty():
+            line = self.queue.get()
+            if line is not None:
+                out.append(line)
+        self.seen += out
+        return out
+
+
+@pytest.fixture
+def sink_process() -> Iterator[tuple[subprocess.Popen[str], Lines, int, int]]:
+    grpc_port, http_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "async_tee",
+            "sink",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    )
+    try:
+        yield proc, Lines(proc), grpc_port, http_port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(BOUND_S)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def export_one(protocol: str, grpc_port: int, http_port: int, name: str, value: float) -> None:
+    """Send one gauge point with the real OTLP exporter of ``protocol``."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("cli-test").create_gauge(name, unit="s").set(value, {"proto": protocol})
+    data = reader.get_metrics_data()
+    provider.shutdown()
+    if protocol == "grpc":
+        exporter = GrpcExporter(endpoint=f"http://127.0.0.1:{grpc_port}", insecure=True)
+    else:
+        exporter = HttpExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/metrics")
+    try:
+        assert exporter.export(data, timeout_millis=10_000) is MetricExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+
+
+def test_sink_prints_points_from_both_protocols_and_exits_0_on_sigterm(sink_process):
+    proc, lines, grpc_port, http_port = sink_process
+    banner = lines.wait_for(lambda line: "receiving OTLP metrics" in line)
+    assert f"127.0.0.1:{grpc_port}" in banner
+    assert f"127.0.0.1:{http_port}/v1/metrics" in banner
+    export_one("grpc", grpc_port, http_port, "rl.cli.grpc", 1.5)
+    grpc_line = lines.wait_for(lambda line: "rl.cli.grpc" in line)
+    assert grpc_line.startswith("[grpc] rl.cli.grpc{proto='grpc'} = 1.5 s")
+    export_one("http", grpc_port, http_port, "rl.cli.http", 2.5)
+    http_line = lines.wait_for(lambda line: "rl.cli.http" in line)
+    assert http_line.startswith("[http] rl.cli.http{proto='http'} = 2.5 s")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(BOUND_S) == 0
+    assert time.monotonic() - started < BOUND_S
+    assert any("stopped; received 2 points in 1 gRPC and 1 HTTP" in line for line in lines.rest())
+
+
+def test_sink_stops_cleanly_on_ctrl_c(sink_process):
+    proc, lines, _, _ = sink_process
+    lines.wait_for(lambda line: "receiving OTLP metrics" in line)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(BOUND_S) == 0
+    assert any("stopped; received 0 points" in line for line in lines.rest())
+    assert proc.stderr is not None
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_sink_quiet_prints_no_points():
+    grpc_port, http_port = free_port(), free_port()
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "async_tee",
+            "sink",
+            "--quiet",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    ) as proc:
+        lines = Lines(proc)
+        try:
+            lines.wait_for(lambda line: "receiving OTLP metrics" in line)
+            export_one("grpc", grpc_port, http_port, "rl.cli.quiet", 1.0)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(BOUND_S) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        rest = lines.rest()
+    assert not any("rl.cli.quiet" in line for line in rest)
+    assert any("stopped; received 1 points" in line for line in rest)
+
+
+def test_sink_reports_a_port_it_cannot_bind(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["sink", "--http-port", str(port), "--grpc-port", "0"]) == 1
+    assert "cannot listen" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- demo
+
+
+def default_series_names() -> set[str]:
+    names = {row.name for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS}
+    return names | {"rl.efficiency.seconds", "rl.efficiency.pct", "rl.setup.duration"}
+
+
+def test_demo_end_to_end_receives_every_default_series(tmp_path):
+    jsonl = tmp_path / "demo.jsonl"
+    progress = tmp_path / "progress.txt"
+    with progress.open("w", encoding="utf-8") as stream:
+        result = demo.run(steps=3, step_seconds=0.05, jsonl_path=jsonl, progress=stream)
+    assert result.ok
+    assert result.mode == "embedded"
+    assert not result.stalled
+    assert result.missing_defaults == []
+    assert result.series is not None
+    received = {series.name for series in result.series}
+    assert default_series_names() <= received
+    categories = {
+        s.attributes["rl.efficiency.category"]
+        for s in result.series
+        if s.name == "rl.efficiency.seconds"
+    }
+    assert categories == set(default_rows.EFFICIENCY_CATEGORIES)
+    assert {"async_tee.enqueued", "async_tee.dropped", "async_tee.lag"} <= received
+    # the rollout keys are logged twice a step: each delta still counts once
+    for name, check in result.counter_checks.items():
+        assert check["received"] == check["logged"], name
+    assert result.counter_checks["rl.vllm.generations.ok"]["logged"] > 0
+    assert result.delivered
+    stats = result.stats
+    assert stats["dropped"] == 0
+    assert stats["pending"] == 0
+    assert stats["enqueued"] == stats["recorded"] == 1 + 3 * 3  # setup, train x2, ""
+    assert stats["exports"]["success"] >= 1
+    assert stats["exports"]["failure"] == 0
+    assert result.latency_us["all"]["calls"] == 1 + 3 * 5 + result.monitor_calls
+    assert result.monitor_calls >= 1
+    assert set(result.latency_us) >= {"train", '""', "timing/setup", "timing/train", "ray"}
+    assert result.latency_us["train"]["tee"]["p50"] > 0
+    assert result.jsonl_path == str(jsonl)
+    lines = jsonl.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == result.jsonl_lines == result.latency_us["all"]["calls"]
+    assert {json.loads(line)["prefix"] for line in lines} == {
+        "timing/setup",
+        "train",
+        "performance",
+        "",
+        "timing/train",
+        "ray",
+    }
+    assert len(progress.read_text(encoding="utf-8").splitlines()) == 3
+    report = demo.render_result(result)
+    assert "Every default series arrived" in report
+    assert "rl.vllm.prompt_tokens" in report
+    assert "µs" in report
+    json.dumps(result.as_dict())  # JSON-ready
+
+
+def test_demo_with_a_stalled_sink_keeps_training_pace_and_receives_nothing():
+    steps, step_seconds = 3, 0.05
+    started = time.monotonic()
+    result = demo.run(steps=steps, step_seconds=step_seconds, stall=True, shutdown_timeout_s=2.0)
+    assert time.monotonic() - started < BOUND_S
+    assert result.stalled
+    assert result.ok
+    assert result.series == []
+    assert result.missing_defaults  # nothing arrived
+    assert not result.delivered
+    # the training loop was not held up by the stalled collector (generous bound)
+    assert result.loop_seconds < steps * step_seconds + 2.0
+    assert result.stats["dropped"] == 0
+    report = demo.render_result(result)
+    assert "it was stalled, as asked" in report
+    assert "Every default series arrived" not in report
+    assert "Default series NOT received" not in report  # no list of 29 names when stalled
+
+
+def test_demo_exports_to_an_external_endpoint(sink):
+    result = demo.run(
+        steps=2, step_seconds=0.01, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint}
+    )
+    assert result.mode == "external"
+    assert result.endpoint == sink.grpc_endpoint
+    assert result.series is None
+    assert result.missing_defaults is None
+    assert result.ok
+    assert result.delivered
+    assert default_series_names() <= sink.names()
+    assert "caller's side only" in demo.render_result(result)
+
+
+def test_demo_refuses_bad_arguments_and_running_telemetry(provider):
+    with pytest.raises(ValueError, match="steps"):
+        demo.run(steps=0)
+    with pytest.raises(ValueError, match="step_seconds"):
+        demo.run(steps=1, step_seconds=-1)
+    async_tee.start_telemetry(provider)
+    with pytest.raises(RuntimeError, match="already running"):
+        demo.run(steps=1, step_seconds=0)
+
+
+def test_demo_command_line_json():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "async_tee",
+            "demo",
+            "--steps",
+            "3",
+            "--step-seconds",
+            "0.05",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"]
+    assert data["missing_defaults"] == []
+    assert data["delivered"]
+    assert default_series_names() <= {series["name"] for series in data["series"]}
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("step ")]) == 3
+
+
+def test_demo_command_line_table():
+    proc = subprocess.run(
+        [sys.executable, "-m", "async_tee", "demo", "--steps", "2", "--step-seconds", "0.02"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Every default series arrived" in proc.stdout
+    assert "Caller-side cost" in proc.stdout
+
+
+def test_usage_errors_exit_2(capsys):
+    for argv in ([], ["demo", "--steps", "0"], ["sink", "--grpc-port", "70000"], ["nope"]):
+        with pytest.raises(SystemExit) as caught:
+            cli.main(argv)
+        assert caught.value.code == 2
+    capsys.readouterr()
+
+
+def test_version_and_help_from_python_m():
+    proc = subprocess.run(
+        [sys.executable, "-m", "async_tee", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"async_tee {async_tee.__version__}"
+
+
+def synthetic_result(**changes) -> demo.DemoResult:
+    base = demo.DemoResult(
+        steps=1,
+        step_seconds=0.0,
+        mode="embedded",
+        endpoint="http://127.0.0.1:1",
+        stalled=False,
+        series=[demo.ReceivedSeries("rl.reward.mean", {}, 0.5, "", "gauge")],
+        missing_defaults=["rl.policy.loss"],
+        counter_checks={"rl.vllm.prompt_tokens": {"logged": 10.0, "received": 8.0}},
+        latency_us={
+            "all": {
+                "calls": 1,
+                "tee": {"p50": 1, "p99": 1, "max": 1},
+                "log_metrics": {"p50": 2, "p99": 2, "max": 2},
+            }
+        },
+        loop_seconds=0.1,
+        log_seconds_on_training_thread=0.0,
+        stats=async_tee.stats(),
+        delivered=True,
+        shutdown_seconds=0.0,
+        shutdown_timeout_s=5.0,
+        jsonl_path=None,
+        jsonl_lines=0,
+        monitor_calls=0,
+    )
+    for name, value in changes.items():
+        setattr(base, name, value)
+    return base
+
+
+def test_a_missing_default_is_listed_and_fails_the_command(monkeypatch, capsys):
+    result = synthetic_result()
+    assert not result.ok
+    report = demo.render_result(result)
+    assert "Default series NOT received (1):\n  rl.policy.loss" in report
+    assert "10 logged, 8 received (MISMATCH)" in report
+    monkeypatch.setattr(demo, "run", lambda **_kwargs: result)
+    assert cli.main(["demo", "--steps", "1"]) == 1
+    assert "NOT received" in capsys.readouterr().out
+    assert synthetic_result(missing_defaults=[]).ok
+    assert synthetic_result(mode="external", missing_defaults=None, series=None).ok
