@@ -314,7 +314,8 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
     rows = tuple(rows)
     for row in rows:
         _validate_teed(row)
-        _check_not_frozen(row.name)
+        if _REGISTERED.get(row.logger_key) != row:  # re-declaring as is stays a no-op
+            _check_not_frozen(row.name)
     seen_keys: dict[str, TeedMetric] = {}
     seen_names: dict[str, TeedMetric] = {}
     for row in rows:  # collisions inside one call are as wrong as across calls
@@ -381,7 +382,8 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
     rows = tuple(rows)
     for row in rows:
         _validate_recorded(row)
-        _check_not_frozen(row.name)
+        if not _is_declared(row):  # re-declaring as is stays a no-op
+            _check_not_frozen(row.name)
     claimed = _claimed_names()
     in_call: dict[str, RecordedMetric] = {}
     for row in rows:  # check every row before changing anything: a failed call changes nothing

@@ -523,10 +523,21 @@ def test_registration_after_freeze_raises_naming_the_series():
     assert "rl.late.series" not in names()
 
 
-def test_identical_row_after_freeze_still_raises():
+def test_identical_row_after_freeze_is_a_no_op_but_a_changed_one_raises():
+    # An owner module imported again after telemetry started (a reload) must not crash.
     freeze_metrics()
+    register_teed_metrics([default_rows.TRAINING_SCALARS[0]])
     with pytest.raises(RuntimeError, match=r"rl\.reward\.mean"):
-        register_teed_metrics([default_rows.TRAINING_SCALARS[0]])
+        register_teed_metrics([TeedMetric("reward", "rl.reward.mean", unit="1")])
+    assert by_logger_key()["reward"] == "rl.reward.mean"
+
+
+def test_identical_recorded_row_after_freeze_is_a_no_op():
+    row = RecordedMetric("rl.host.memory", unit="By")
+    register_recorded_metrics([row])
+    freeze_metrics()
+    register_recorded_metrics([row])
+    assert recorded_metrics() == (row,)
 
 
 def test_recorded_registration_after_freeze_raises_naming_the_series():
