@@ -13,6 +13,7 @@ closed (:func:`freeze_metrics`) and a late declaration raises instead of vanishi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -181,9 +182,9 @@ class RecordedMetric:
     description: str = ""
     callback: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """Registry key recorded against."""
+        """Registry key recorded against (computed once: the worker reads it per dict)."""
         return registry_key(self.name)
 
 
@@ -206,9 +207,9 @@ class TeedMetric:
     unit: str = ""
     description: str = ""
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """Registry key recorded against."""
+        """Registry key recorded against (computed once: the worker reads it per dict)."""
         return registry_key(self.name)
 
 
