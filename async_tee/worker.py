@@ -20,13 +20,29 @@ from collections.abc import Callable
 from typing import Any
 
 from async_tee.handoff import DropOldestQueue
-from async_tee.reporting import warn_once
+from async_tee.reporting import logger, warn_once
 
 BATCH_SIZE = 256
 """Items popped per slice of a drain, so a flood cannot hold the loop indefinitely."""
 
 LAG_SAMPLES = 2048
 """Recent enqueue-to-record lags kept for the percentiles in ``stats()``."""
+
+
+LOSS_WARNING_INTERVAL_S = 60.0
+"""At most one overflow warning of each kind (start, recovery) per this many seconds, so a
+queue that flaps cannot flood the log; the rest go to debug."""
+
+_last_loss_warning = {"start": -LOSS_WARNING_INTERVAL_S, "recovery": -LOSS_WARNING_INTERVAL_S}
+
+
+def _log_episode(kind: str, message: str, *args: object) -> None:
+    now = time.monotonic()
+    if now - _last_loss_warning[kind] >= LOSS_WARNING_INTERVAL_S:
+        _last_loss_warning[kind] = now
+        logger.warning(message, *args)
+    else:
+        logger.debug(message, *args)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -79,6 +95,8 @@ class Worker:
         self._wake_future: asyncio.Future[None] | None = None
         self._wake_pending = False
         self._stopping = False
+        self._overflow_seen = 0
+        self._loss_started_at: int | None = None
         self._ready = threading.Event()
         # Held while items are processed, so os.fork() can wait for a clean point instead
         # of leaving the child an SDK lock held by a worker that no longer exists.
@@ -110,6 +128,7 @@ class Worker:
         self._ready.set()
         while True:
             self.drain()
+            self._report_loss()
             self._release_waiters()
             if self._stopping:
                 return
@@ -177,6 +196,30 @@ class Worker:
             self.max_lag_ms = lag_ms
         if self._on_lag is not None:
             self._on_lag(lag_ms)
+
+    def _report_loss(self) -> None:
+        """Warn when overflow starts and when it stops: one pair per episode, not per drop."""
+        overflow = self.counts.overflow
+        if overflow > self._overflow_seen:
+            if self._loss_started_at is None:
+                self._loss_started_at = self._overflow_seen
+                _log_episode(
+                    "start",
+                    "async_tee: the hand-off queue (%d dicts) overflowed: the oldest dicts "
+                    "are being dropped and counted (async_tee.dropped{reason=overflow}); "
+                    "training is not slowed",
+                    self.queue.capacity,
+                )
+            self._overflow_seen = overflow
+        elif self._loss_started_at is not None:
+            _log_episode(
+                "recovery",
+                "async_tee: the hand-off queue has recovered: %d dicts were dropped while "
+                "it overflowed (%d since start)",
+                overflow - self._loss_started_at,
+                overflow,
+            )
+            self._loss_started_at = None
 
     def _release_waiters(self, force: bool = False) -> None:
         done = self.counts.next_expected

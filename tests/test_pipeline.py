@@ -361,3 +361,26 @@ def test_fork_gives_the_child_its_own_working_pipeline():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert elapsed < 30
+
+
+def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(
+    provider, caplog, monkeypatch
+):
+    from async_tee import worker
+
+    monkeypatch.setitem(worker._last_loss_warning, "start", -1e9)
+    monkeypatch.setitem(worker._last_loss_warning, "recovery", -1e9)
+    caplog.set_level(logging.DEBUG, logger="async_tee")
+    async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0)
+    for step in range(200):  # far faster than the worker can take the GIL: overflow
+        async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step)
+    assert async_tee.flush(BOUND_S)
+    dropped = async_tee.stats()["dropped_by_reason"]["overflow"]
+    assert dropped > 0
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 999)  # a calm cycle
+    assert async_tee.flush(BOUND_S)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "overflowed" in warnings[0]
+    assert "recovered" in warnings[1]
+    assert f"{dropped} dicts were dropped" in warnings[1]
