@@ -179,6 +179,17 @@ def group_specs(group: str) -> tuple[MetricSpec, ...]:
     return _GROUPS.get(group, ())
 
 
+def _refuse_attribute_set(spec: MetricSpec, limit: int) -> None:
+    """Count and report (once per series) an attribute set past the series' bound."""
+    COUNTS.cardinality += 1
+    warn_once(
+        f"cardinality:{spec.name}",
+        "async_tee: series %s reached %d attribute sets; new sets are dropped",
+        spec.name,
+        limit,
+    )
+
+
 class _Series:
     """One instrument of a group, and how a value is recorded to it."""
 
@@ -206,13 +217,7 @@ class _LastValue(_Series):
     def _admit(self, attributes: FrozenAttributes) -> bool:
         if attributes.key in self.points or len(self.points) < self.limit:
             return True
-        COUNTS.cardinality += 1
-        warn_once(
-            f"cardinality:{self.spec.name}",
-            "async_tee: series %s reached %d attribute sets; new sets are dropped",
-            self.spec.name,
-            self.limit,
-        )
+        _refuse_attribute_set(self.spec, self.limit)
         return False
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
@@ -277,13 +282,7 @@ class _Histogram(_Series):
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if attributes.key not in self._seen:
             if len(self._seen) >= self.limit:
-                COUNTS.cardinality += 1
-                warn_once(
-                    f"cardinality:{self.spec.name}",
-                    "async_tee: series %s reached %d attribute sets; new sets are dropped",
-                    self.spec.name,
-                    self.limit,
-                )
+                _refuse_attribute_set(self.spec, self.limit)
                 return
             self._seen.add(attributes.key)
         self._instrument.record(value, attributes.mapping)
