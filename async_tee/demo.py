@@ -9,16 +9,17 @@ OTLP/gRPC to an embedded :class:`~async_tee.sink.OtlpSink` on an ephemeral port,
 what the sink received and what the calls cost the training thread.
 
 ``async-tee demo`` runs it; :func:`run` returns a :class:`DemoResult` a test can check.
-OpenTelemetry, gRPC and asyncio load only when :func:`run` is called.
+OpenTelemetry, gRPC and asyncio load only when :func:`run` is called. This module is the
+demo's public face and its run; the values come from :mod:`async_tee.demo_simulation`, the
+per-call timing from :mod:`async_tee.demo_timing`, and :func:`render_result` from
+:mod:`async_tee.demo_report`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-import random
 import tempfile
 import threading
 import time
@@ -27,7 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from async_tee import default_rows, metrics, telemetry
-from async_tee.logger import JsonlBackend, Logger
+from async_tee.demo_report import render_result
+from async_tee.demo_simulation import GrpoSimulation
+from async_tee.demo_timing import TimedLogger, latency_by_prefix, percentiles_us
+from async_tee.logger import JsonlBackend
 
 if TYPE_CHECKING:
     from async_tee.sink import OtlpSink
@@ -39,8 +43,6 @@ DEFAULT_STEP_SECONDS = 0.5
 EXPORT_INTERVAL_MS = 1000
 """``OTEL_METRIC_EXPORT_INTERVAL`` for the embedded sink: the sink sees data every second."""
 
-_GPU_NODES, _GPUS_PER_NODE = 4, 8
-_SAMPLES_PER_STEP = 512
 _CALL_TIMEOUT_S = 30.0  # how long the loop waits for the event-loop caller; never reached
 _LEADING = frozenset((metrics.RL_EFFICIENCY_CATEGORY_ATTR, metrics.RL_SETUP_PHASE_ATTR))
 _ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
@@ -127,190 +129,6 @@ class DemoResult:
         return out
 
 
-class _TimedLogger(Logger):
-    """``Logger`` that times each call, and the tee inside it, on the calling thread."""
-
-    def __init__(self, backends: list[JsonlBackend]) -> None:
-        super().__init__(backends)
-        # (prefix, tee ns, whole call ns, calling thread's role)
-        self.samples: list[tuple[str, int, int, str]] = []
-        self.roles: dict[int, str] = {threading.get_ident(): "training"}
-        self._tee_ns = threading.local()
-
-    def log_metrics(
-        self,
-        metrics: dict[str, Any],
-        step: int,
-        prefix: str = "",
-        step_metric: str | None = None,
-        step_finished: bool = False,
-    ) -> None:
-        start = time.perf_counter_ns()
-        super().log_metrics(metrics, step, prefix, step_metric, step_finished)
-        total = time.perf_counter_ns() - start
-        role = self.roles.get(threading.get_ident(), "other")
-        self.samples.append((prefix, self._tee_ns.value, total, role))
-
-    def _tee(self, metrics: Mapping[str, Any], prefix: str, step: int) -> None:
-        start = time.perf_counter_ns()
-        super()._tee(metrics, prefix, step)
-        self._tee_ns.value = time.perf_counter_ns() - start
-
-
-class _Simulation:
-    """Values that evolve like a GRPO run: reward rising noisily, loss falling, lr schedule."""
-
-    def __init__(self, steps: int, seed: int) -> None:
-        self.steps = steps
-        self.rng = random.Random(seed)
-        self.cumulative: dict[str, float] = {}
-        self.counter_sums: dict[str, float] = {}
-
-    def _noise(self, scale: float) -> float:
-        return self.rng.gauss(0.0, scale)
-
-    def _grow(self, key: str, amount: float) -> float:
-        self.cumulative[key] = self.cumulative.get(key, 0.0) + amount
-        return round(self.cumulative[key], 3)
-
-    def setup(self) -> dict[str, Any]:
-        vllm, policy = 70 + self.rng.uniform(0, 5), 92 + self.rng.uniform(0, 5)
-        collective = 6 + self.rng.uniform(0, 1)
-        total = max(vllm, policy) + collective + 40
-        return {
-            "vllm_init_time_s": round(vllm, 2),
-            "policy_init_time_s": round(policy, 2),
-            "collective_init_time_s": round(collective, 2),
-            "parallel_wall_time_s": round(max(vllm, policy) + 0.8, 2),
-            "parallel_init_enabled": 1.0,
-            "total_setup_time_s": round(total, 2),
-            "other_setup_time_s": round(total - max(vllm, policy) - collective, 2),
-        }
-
-    def learning_rate(self, step: int) -> float:
-        peak, warmup = 5e-6, max(1, self.steps // 10)
-        if step < warmup:
-            return peak * (step + 1) / warmup
-        progress = (step - warmup) / max(1, self.steps - warmup)
-        return 5e-7 + (peak - 5e-7) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    def rollout(self, step: int) -> dict[str, Any]:
-        progress = (step + 1) / self.steps
-        gen_mean = 240 + 40 * progress + self._noise(12)
-        lengths = [max(8, int(self.rng.gauss(gen_mean, 80))) for _ in range(64)]
-        prompt_mean = 96 + self._noise(4)
-        failed = self.rng.choice((0, 0, 0, 1, 2))
-        deltas = {
-            "vllm/prompt_tokens": int(prompt_mean * _SAMPLES_PER_STEP),
-            "vllm/generation_tokens": int(gen_mean * _SAMPLES_PER_STEP),
-            "vllm/generations_ok": _SAMPLES_PER_STEP - failed,
-            "vllm/generations_failed": failed,
-        }
-        for key, delta in deltas.items():
-            self.counter_sums[key] = self.counter_sums.get(key, 0) + delta
-        truncation = min(0.2, max(0.0, 0.04 + self._noise(0.01)))
-        return {
-            "total_turns": _SAMPLES_PER_STEP,
-            "avg_turns_per_sample": 1.0,
-            "natural_termination_rate": round(1 - truncation, 4),
-            "truncation_rate": round(truncation, 4),
-            "mean_total_tokens_per_sample": round(gen_mean + prompt_mean, 2),
-            "mean_gen_tokens_per_sample": round(gen_mean, 2),
-            "max_gen_tokens_per_sample": max(lengths),
-            "histogram/gen_tokens_length": lengths,
-            **deltas,
-            "vllm/prompt_length_mean": round(prompt_mean, 2),
-            "vllm/generation_length_mean": round(gen_mean, 2),
-        }
-
-    def train(self, step: int, rollout: Mapping[str, Any]) -> dict[str, Any]:
-        progress = (step + 1) / self.steps
-        reward = min(1.0, max(0.0, 0.2 + 0.6 * (1 - math.exp(-3 * progress)) + self._noise(0.03)))
-        # A group whose samples all got one reward has no spread: its std is NaN, as in
-        # real runs. It is not a teed key, so only the JSONL backend shows it (as null).
-        advantage_std = math.nan if step % 7 == 3 else round(0.9 + self._noise(0.05), 4)
-        return {
-            **rollout,
-            "loss": round(0.08 * math.exp(-2 * progress) + self._noise(0.004), 5),
-            "reward": round(reward, 4),
-            "kl_penalty": round(0.0005 + 0.004 * progress + abs(self._noise(0.0002)), 6),
-            "critic/loss": round(0.25 * math.exp(-progress) + abs(self._noise(0.01)), 5),
-            "approx_entropy": round(0.55 - 0.2 * progress + self._noise(0.01), 4),
-            "grad_norm": round(abs(0.3 + self._noise(0.05)), 4),
-            "lr": self.learning_rate(step),
-            "advantages/mean": 0.0,
-            "advantages/std": advantage_std,
-            "probs_ratio": round(1 + self._noise(0.0005), 5),
-            "num_valid_samples": float(_SAMPLES_PER_STEP),
-            "generation_logger_metrics": {
-                "kv_cache_usage_perc": {"0": [0.0, 0.41, 0.57, 0.31], "1": [0.0, 0.4, 0.56, 0.29]}
-            },
-        }
-
-    def performance(self, step_seconds: float, rollout: Mapping[str, Any]) -> dict[str, Any]:
-        tokens = rollout["vllm/prompt_tokens"] + rollout["vllm/generation_tokens"]
-        seconds = 24.0 + self._noise(1.0)
-        return {
-            "samples_per_sec": round(_SAMPLES_PER_STEP / seconds, 3),
-            "tokens_per_sec": round(tokens / seconds, 1),
-            "samples_per_sec_per_gpu": round(_SAMPLES_PER_STEP / seconds / 8, 3),
-            "tokens_per_sec_per_gpu": round(tokens / seconds / 8, 1),
-            "generation_tokens_per_sec": round(rollout["vllm/generation_tokens"] / 11.6, 1),
-            "simulated_step_seconds": step_seconds,
-        }
-
-    def efficiency(self, step: int, setup_total: float) -> dict[str, Any]:
-        starvation = abs(self._noise(0.4))
-        refit = 3.5 + abs(self._noise(0.5))
-        validation = 6.0 if step % 5 == 4 else 0.0
-        wall = 24.0 + abs(self._noise(1.0)) + validation
-        failed = self._grow("failed", self.rng.choice((0.0, 0.0, 1.7)))
-        backoff = self._grow("backoff", 40 + abs(self._noise(8)))
-        waste = starvation + refit + validation
-        productive = wall - waste
-        return {
-            "efficiency/init/total_s": setup_total,
-            "efficiency/idle/buffer_starvation_s": round(starvation, 3),
-            "efficiency/idle/refit_bubble_s": round(refit, 3),
-            "efficiency/idle/validation_s": validation,
-            "efficiency/idle/buffer_full_backoff_s": backoff,
-            "efficiency/wasted/failed_trajectory_s": failed,
-            "efficiency/idle/generation_limit_pause_s": self._grow("pause", 4 + self._noise(1)),
-            "efficiency/idle/refit_event_wait_s": self._grow("refit_wait", 2 + self._noise(0.5)),
-            "efficiency/idle/refit_bubble_pct": round(100 * refit / wall, 3),
-            "efficiency/thread_seconds_total_s": round(backoff + failed, 3),
-            "efficiency/total_waste_s": round(waste, 3),
-            "efficiency/productive_time_s": round(productive, 3),
-            "efficiency/total_wall_time_s": round(wall, 3),
-            "efficiency/efficiency_pct": round(100 * productive / wall, 2),
-            "efficiency/efficiency_pct_is_per_step": 1.0,
-        }
-
-    def timing(self) -> dict[str, Any]:
-        generation = 11.6 + self._noise(0.8)
-        training = 6.3 + self._noise(0.3)
-        logprobs = 2.7 + self._noise(0.2)
-        return {
-            "total_step_time": round(generation + training + logprobs + 3.9, 3),
-            "data_processing": 0.41,
-            "prepare_for_generation/total": 1.92,
-            "generation": round(generation, 3),
-            "reward_calculation": 0.58,
-            "policy_and_reference_logprobs": round(logprobs, 3),
-            "advantage_calculation": 0.09,
-            "policy_training": round(training, 3),
-        }
-
-    def gpus(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for node in range(_GPU_NODES):
-            for gpu in range(_GPUS_PER_NODE):
-                out[f"node.{node}.gpu.{gpu}.util"] = round(min(100.0, 90 + self._noise(4)), 1)
-                out[f"node.{node}.gpu.{gpu}.mem_gb"] = round(71 + self._noise(0.5), 2)
-            out[f"node.{node}.mem_gb"] = round(412 + self._noise(3), 1)
-        return out
-
-
 class _EventLoopThread:
     """An asyncio loop running on its own thread: the async trainer's caller context."""
 
@@ -344,32 +162,6 @@ class _EventLoopThread:
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(_CALL_TIMEOUT_S)
-
-
-def _percentiles(samples_ns: list[int]) -> dict[str, float]:
-    if not samples_ns:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    ordered = sorted(samples_ns)
-
-    def pick(q: float) -> float:
-        return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] / 1000.0
-
-    return {"p50": pick(0.5), "p99": pick(0.99), "max": ordered[-1] / 1000.0}
-
-
-def _latency(samples: list[tuple[str, int, int, str]]) -> dict[str, dict[str, Any]]:
-    groups: dict[str, list[tuple[str, int, int, str]]] = {}
-    for sample in samples:
-        groups.setdefault(sample[0] or '""', []).append(sample)
-    out = {}
-    for prefix in [*sorted(groups), "all"]:
-        group = samples if prefix == "all" else groups[prefix]
-        out[prefix] = {
-            "calls": len(group),
-            "tee": _percentiles([tee for _, tee, _, _ in group]),
-            "log_metrics": _percentiles([total for _, _, total, _ in group]),
-        }
-    return out
 
 
 def _expected_defaults(setup_phases: list[str]) -> list[tuple[str, dict[str, str]]]:
@@ -428,8 +220,8 @@ def _progress_line(
         f"step {step + 1:>{len(str(steps))}}/{steps}  reward {values['reward']:.3f}  "
         f"loss {values['loss']:+.4f}  lr {values['lr']:.2e}  "
         f"gen tokens {values['mean_gen_tokens_per_sample']:.0f}  "
-        f"tee p50 {_percentiles(tee_ns)['p50']:.1f} µs (this step's max "
-        f"{_percentiles(step_tee_ns)['max']:.1f} µs)"
+        f"tee p50 {percentiles_us(tee_ns)['p50']:.1f} µs (this step's max "
+        f"{percentiles_us(step_tee_ns)['max']:.1f} µs)"
     )
 
 
@@ -546,9 +338,9 @@ def _run(
             }
         )
         env.setdefault("OTEL_SERVICE_NAME", "async-tee-demo")
-    simulation = _Simulation(steps, seed)
+    simulation = GrpoSimulation(steps, seed)
     backend = JsonlBackend(path)
-    logger = _TimedLogger([backend])
+    logger = TimedLogger([backend])
     stop_monitor = threading.Event()
     monitor_calls = [0]
     loop_thread: _EventLoopThread | None = None
@@ -652,7 +444,7 @@ def _run(
         series=series,
         missing_defaults=None if series is None else _missing(series, _expected_defaults(phases)),
         counter_checks=counter_checks,
-        latency_us=_latency(logger.samples),
+        latency_us=latency_by_prefix(logger.samples),
         loop_seconds=loop_seconds,
         log_seconds_on_training_thread=sum(training_calls) / 1e9,
         stats=async_tee.stats(),
@@ -663,177 +455,3 @@ def _run(
         jsonl_lines=0,
         monitor_calls=monitor_calls[0],
     )
-
-
-def _format_value(value: float | int | str | None) -> str:
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e15:
-            return str(int(value))  # counter totals: 2707147, not 2.70715e+06
-        return f"{value:.6g}"
-    return "-" if value is None else str(value)
-
-
-def _table(header: list[str], rows: list[list[str]], right: frozenset[int]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(cells)
-        ).rstrip()
-
-    return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)]
-
-
-def render_result(result: DemoResult) -> str:
-    """The end-of-run report: series received, caller-side cost, pipeline stats, delivery."""
-    out: list[str] = []
-    where = (
-        f"an embedded OTLP sink at {result.endpoint}"
-        if result.mode == "embedded"
-        else f"{result.endpoint} (OTEL_EXPORTER_OTLP_ENDPOINT)"
-    )
-    out.append(
-        f"async_tee demo: {result.steps} simulated GRPO steps x {result.step_seconds:g} s, "
-        f"exported over OTLP/gRPC to {where}"
-        + (", which was stalled for the whole run (--stall)" if result.stalled else "")
-    )
-    out.append("")
-    if result.series is None:
-        out.append(
-            "Series received: not visible from here (an external collector); "
-            "the figures below are the caller's side only."
-        )
-    elif not result.series:
-        out.append(
-            "Series received by the sink: none"
-            + (" -- it was stalled, as asked," if result.stalled else ",")
-            + " so none of the default series arrived."
-        )
-    else:
-        out.append(
-            f"Series received by the sink: the last point of each series and attribute set "
-            f"({len(result.series)}):"
-        )
-        rows = [
-            [
-                s.name,
-                _format_value(s.value),
-                s.unit,
-                " ".join(f"{k}={v}" for k, v in s.attributes.items()),
-            ]
-            for s in result.series
-        ]
-        out += [
-            "  " + line
-            for line in _table(["series", "value", "unit", "attributes"], rows, frozenset({1}))
-        ]
-    if result.missing_defaults:
-        if result.series:  # (with nothing received, the line above already said so)
-            out.append("")
-            out.append(f"Default series NOT received ({len(result.missing_defaults)}):")
-            out += [f"  {name}" for name in result.missing_defaults]
-    elif result.missing_defaults is not None:
-        out.append("")
-        out.append(
-            "Every default series arrived (training scalars, vLLM counters, the 8 "
-            "efficiency categories, efficiency %, start-up phases)."
-        )
-    checks = [
-        f"  {name}: {check['logged']:.0f} logged, "
-        + (
-            "nothing received"
-            if check["received"] is None
-            else f"{check['received']:.0f} received"
-            + (
-                " (each step's delta counted once)"
-                if check["received"] == check["logged"]
-                else " (MISMATCH)"
-            )
-        )
-        for name, check in result.counter_checks.items()
-    ]
-    if result.series:
-        out.append("Counters (the rollout keys are logged twice a step, under 'train'):")
-        out += checks
-    out.append("")
-    out.append("Caller-side cost per log_metrics call (perf_counter_ns on the calling thread), µs:")
-    rows = []
-    for prefix, figures in result.latency_us.items():
-        tee, call = figures["tee"], figures["log_metrics"]
-        rows.append(
-            [
-                prefix,
-                str(figures["calls"]),
-                *(f"{tee[q]:.1f}" for q in ("p50", "p99", "max")),
-                *(f"{call[q]:.1f}" for q in ("p50", "p99", "max")),
-            ]
-        )
-    header = [
-        "prefix",
-        "calls",
-        "tee p50",
-        "tee p99",
-        "tee max",
-        "call p50",
-        "call p99",
-        "call max",
-    ]
-    out += ["  " + line for line in _table(header, rows, frozenset(range(1, 8)))]
-    out.append(
-        "  (tee = async_tee's share; call = the whole Logger.log_metrics, JSONL backend "
-        'included; prefixes other than train, "" and timing/setup are not teed)'
-    )
-    nominal = result.steps * result.step_seconds
-    share = (
-        100 * result.log_seconds_on_training_thread / result.loop_seconds
-        if result.loop_seconds
-        else 0.0
-    )
-    out.append(
-        f"Training loop: {result.loop_seconds:.2f} s for {result.steps} x "
-        f"{result.step_seconds:g} s = {nominal:.2f} s of simulated work; the training "
-        f"thread spent {1000 * result.log_seconds_on_training_thread:.2f} ms in log_metrics "
-        f"({share:.3f} %)."
-    )
-    stats = result.stats
-    out.append("")
-    dropped = stats["dropped_by_reason"]
-    skipped = stats["values_skipped"]
-    out.append(
-        f"async_tee.stats(): enqueued {stats['enqueued']}, recorded {stats['recorded']}, "
-        f"dropped {stats['dropped']} (overflow {dropped['overflow']}, error {dropped['error']}, "
-        f"shutdown {dropped['shutdown']}), pending {stats['pending']}; values skipped: "
-        f"non-finite {skipped['non_finite']}, rejected {skipped['rejected']}, "
-        f"cardinality {skipped['cardinality']}; worker lag p50 {stats['lag_ms']['p50']:.1f} ms, "
-        f"max {stats['lag_ms']['max']:.1f} ms."
-    )
-    exports = stats["exports"]
-    out.append(
-        f"Exports: {exports['success']} succeeded, {exports['failure']} failed. "
-        f"shutdown_telemetry(timeout_s={result.shutdown_timeout_s:g}) returned "
-        + (
-            "True: everything delivered"
-            if result.delivered
-            else "False: not everything was delivered"
-        )
-        + f" (took {result.shutdown_seconds:.2f} s)."
-    )
-    where_jsonl = (
-        f"to {result.jsonl_path}"
-        if result.jsonl_path
-        else "to a temporary file, now removed; --jsonl PATH keeps it"
-    )
-    out.append(f"JsonlBackend wrote {result.jsonl_lines} lines {where_jsonl}.")
-    out.append(
-        f"Callers: the training loop; a GPU-monitor thread ({result.monitor_calls} 'ray' "
-        "dicts); a coroutine inside a running event loop (the efficiency dicts)."
-    )
-    if result.stalled:
-        out.append("")
-        out.append(
-            f"The collector was stalled, yet the training loop took {result.loop_seconds:.2f} s "
-            f"for {nominal:.2f} s of simulated work: exports run on the SDK's own thread and "
-            "the tee only enqueues, so nothing on the training thread waits for the collector."
-        )
-    return "\n".join(out)

@@ -1,4 +1,9 @@
-"""Owns ``OtlpSink``, a real OTLP metrics receiver (gRPC + HTTP) for tests, demos and benchmarks."""
+"""Owns ``OtlpSink``, a real OTLP metrics receiver (gRPC + HTTP) for tests, demos and benchmarks.
+
+Its servers hand each export request to :func:`~async_tee.otlp_points.received_points` and
+store the :class:`ReceivedPoint` records that come back (re-exported here, where users look
+for them). ``black_hole`` is the opposite: a collector that never answers.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,8 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,8 +31,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, Metric
+
+from async_tee.otlp_points import ReceivedPoint, received_points
 
 __all__ = ["OtlpSink", "ReceivedPoint", "black_hole"]
 
@@ -43,89 +47,6 @@ _HTTP_IDLE_TIMEOUT_S = 30.0
 _GRPC_WORKERS = 8
 _SINK_IDS = itertools.count(1)
 
-_TEMPORALITY = {
-    AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA: "delta",
-    AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE: "cumulative",
-}
-
-
-@dataclass(frozen=True)
-class ReceivedPoint:
-    """One data point received by the sink, flattened together with its metric metadata.
-
-    Attributes:
-        protocol: Transport it arrived on, ``"grpc"`` or ``"http"``.
-        resource: Resource attributes of the exporting process.
-        scope: Instrumentation scope (meter) name.
-        name: Metric name.
-        unit: Metric unit.
-        description: Metric description.
-        kind: ``"gauge"``, ``"sum"``, ``"histogram"``, ``"exponential_histogram"`` or
-            ``"summary"``.
-        monotonic: Whether a sum is monotonic; ``None`` for other kinds.
-        temporality: ``"cumulative"`` or ``"delta"`` for sums and (exponential) histograms;
-            ``None`` otherwise or when unspecified.
-        attributes: Point attributes decoded to Python values (``str``, ``bool``, ``int``,
-            ``float``, ``bytes``, ``list`` for arrays, ``dict`` for key-value lists).
-        value: ``as_double`` or ``as_int`` of a number point; ``None`` for distributions.
-        value_type: ``"double"`` or ``"int"`` for number points, ``"histogram"`` otherwise.
-        count: Observation count of a distribution point; ``None`` for number points.
-        sum: Sum of a distribution point when present; ``None`` otherwise.
-        bucket_counts: Bucket counts of a histogram (positive-range buckets of an
-            exponential histogram); empty otherwise.
-        explicit_bounds: Explicit bucket boundaries of a histogram; empty otherwise.
-        time_unix_nano: Timestamp of the point.
-    """
-
-    protocol: str
-    resource: dict[str, Any]
-    scope: str
-    name: str
-    unit: str
-    description: str
-    kind: str
-    monotonic: bool | None
-    temporality: str | None
-    attributes: dict[str, Any] = field(default_factory=dict)
-    value: float | int | None = None
-    value_type: str = "histogram"
-    count: int | None = None
-    sum: float | None = None
-    bucket_counts: tuple[int, ...] = ()
-    explicit_bounds: tuple[float, ...] = ()
-    time_unix_nano: int = 0
-
-
-def _decode_any(value: AnyValue) -> Any:
-    """Convert an OTLP ``AnyValue`` to the equivalent Python value."""
-    which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    if which == "bool_value":
-        return value.bool_value
-    if which == "int_value":
-        return value.int_value
-    if which == "double_value":
-        return value.double_value
-    if which == "bytes_value":
-        return value.bytes_value
-    if which == "array_value":
-        return [_decode_any(item) for item in value.array_value.values]
-    if which == "kvlist_value":
-        return _decode_attributes(value.kvlist_value.values)
-    if which == "string_value_strindex":
-        return value.string_value_strindex
-    return None
-
-
-def _decode_attributes(attributes: Any) -> dict[str, Any]:
-    """Convert a repeated ``KeyValue`` field to a dict."""
-    result: dict[str, Any] = {}
-    item: KeyValue
-    for item in attributes:
-        result[item.key] = _decode_any(item.value)
-    return result
-
 
 def _hashable(value: Any) -> Any:
     """Return a hashable stand-in for a decoded attribute value (lists/dicts become tuples)."""
@@ -134,82 +55,6 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
     return value
-
-
-def _flatten_metric(
-    metric: Metric, protocol: str, resource: dict[str, Any], scope: str
-) -> Iterator[ReceivedPoint]:
-    """Yield one ``ReceivedPoint`` per data point of ``metric``."""
-    kind = metric.WhichOneof("data")
-    common: dict[str, Any] = {
-        "protocol": protocol,
-        "resource": resource,
-        "scope": scope,
-        "name": metric.name,
-        "unit": metric.unit,
-        "description": metric.description,
-    }
-    if kind == "gauge" or kind == "sum":
-        if kind == "sum":
-            monotonic: bool | None = metric.sum.is_monotonic
-            temporality = _TEMPORALITY.get(metric.sum.aggregation_temporality)
-            number_points = metric.sum.data_points
-        else:
-            monotonic, temporality = None, None
-            number_points = metric.gauge.data_points
-        for point in number_points:
-            is_int = point.WhichOneof("value") == "as_int"
-            yield ReceivedPoint(
-                **common,
-                kind=kind,
-                monotonic=monotonic,
-                temporality=temporality,
-                attributes=_decode_attributes(point.attributes),
-                value=point.as_int if is_int else point.as_double,
-                value_type="int" if is_int else "double",
-                time_unix_nano=point.time_unix_nano,
-            )
-    elif kind == "histogram":
-        temporality = _TEMPORALITY.get(metric.histogram.aggregation_temporality)
-        for hpoint in metric.histogram.data_points:
-            yield ReceivedPoint(
-                **common,
-                kind=kind,
-                monotonic=None,
-                temporality=temporality,
-                attributes=_decode_attributes(hpoint.attributes),
-                count=hpoint.count,
-                sum=hpoint.sum if hpoint.HasField("sum") else None,
-                bucket_counts=tuple(hpoint.bucket_counts),
-                explicit_bounds=tuple(hpoint.explicit_bounds),
-                time_unix_nano=hpoint.time_unix_nano,
-            )
-    elif kind == "exponential_histogram":
-        temporality = _TEMPORALITY.get(metric.exponential_histogram.aggregation_temporality)
-        for epoint in metric.exponential_histogram.data_points:
-            yield ReceivedPoint(
-                **common,
-                kind=kind,
-                monotonic=None,
-                temporality=temporality,
-                attributes=_decode_attributes(epoint.attributes),
-                count=epoint.count,
-                sum=epoint.sum if epoint.HasField("sum") else None,
-                bucket_counts=tuple(epoint.positive.bucket_counts),
-                time_unix_nano=epoint.time_unix_nano,
-            )
-    elif kind == "summary":
-        for spoint in metric.summary.data_points:
-            yield ReceivedPoint(
-                **common,
-                kind=kind,
-                monotonic=None,
-                temporality=None,
-                attributes=_decode_attributes(spoint.attributes),
-                count=spoint.count,
-                sum=spoint.sum,
-                time_unix_nano=spoint.time_unix_nano,
-            )
 
 
 def _render(point: ReceivedPoint) -> str:
@@ -638,13 +483,7 @@ class OtlpSink:
             if self._fail_status is not None:
                 return self._fail_status
 
-        received: list[ReceivedPoint] = []
-        for resource_metrics in request.resource_metrics:
-            resource = _decode_attributes(resource_metrics.resource.attributes)
-            for scope_metrics in resource_metrics.scope_metrics:
-                scope = scope_metrics.scope.name
-                for metric in scope_metrics.metrics:
-                    received.extend(_flatten_metric(metric, protocol, resource, scope))
+        received = received_points(request, protocol)
 
         with self._cond:
             capacity = self._points.maxlen

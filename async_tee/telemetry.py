@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import threading
 import time
@@ -75,8 +76,8 @@ def _stats_of(worker: Worker | None) -> dict[str, Any]:
     recorded = counts.recorded if counts else 0
     lags = sorted(worker.lags_ms) if worker is not None else []
 
-    def pick(q: float) -> float:
-        return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
+    def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
+        return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
 
     rc = registry.COUNTS
     return {

@@ -1,0 +1,184 @@
+"""Owns the demo's report: a :class:`~async_tee.demo.DemoResult` rendered as text."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from async_tee.demo import DemoResult
+
+__all__ = ["render_result"]
+
+
+def _format_value(value: float | int | str | None) -> str:
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))  # counter totals: 2707147, not 2.70715e+06
+        return f"{value:.6g}"
+    return "-" if value is None else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]], right: frozenset[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
+def render_result(result: DemoResult) -> str:
+    """The end-of-run report: series received, caller-side cost, pipeline stats, delivery."""
+    out: list[str] = []
+    where = (
+        f"an embedded OTLP sink at {result.endpoint}"
+        if result.mode == "embedded"
+        else f"{result.endpoint} (OTEL_EXPORTER_OTLP_ENDPOINT)"
+    )
+    out.append(
+        f"async_tee demo: {result.steps} simulated GRPO steps x {result.step_seconds:g} s, "
+        f"exported over OTLP/gRPC to {where}"
+        + (", which was stalled for the whole run (--stall)" if result.stalled else "")
+    )
+    out.append("")
+    if result.series is None:
+        out.append(
+            "Series received: not visible from here (an external collector); "
+            "the figures below are the caller's side only."
+        )
+    elif not result.series:
+        out.append(
+            "Series received by the sink: none"
+            + (" -- it was stalled, as asked," if result.stalled else ",")
+            + " so none of the default series arrived."
+        )
+    else:
+        out.append(
+            f"Series received by the sink: the last point of each series and attribute set "
+            f"({len(result.series)}):"
+        )
+        rows = [
+            [
+                s.name,
+                _format_value(s.value),
+                s.unit,
+                " ".join(f"{k}={v}" for k, v in s.attributes.items()),
+            ]
+            for s in result.series
+        ]
+        out += [
+            "  " + line
+            for line in _table(["series", "value", "unit", "attributes"], rows, frozenset({1}))
+        ]
+    if result.missing_defaults:
+        if result.series:  # (with nothing received, the line above already said so)
+            out.append("")
+            out.append(f"Default series NOT received ({len(result.missing_defaults)}):")
+            out += [f"  {name}" for name in result.missing_defaults]
+    elif result.missing_defaults is not None:
+        out.append("")
+        out.append(
+            "Every default series arrived (training scalars, vLLM counters, the 8 "
+            "efficiency categories, efficiency %, start-up phases)."
+        )
+    checks = [
+        f"  {name}: {check['logged']:.0f} logged, "
+        + (
+            "nothing received"
+            if check["received"] is None
+            else f"{check['received']:.0f} received"
+            + (
+                " (each step's delta counted once)"
+                if check["received"] == check["logged"]
+                else " (MISMATCH)"
+            )
+        )
+        for name, check in result.counter_checks.items()
+    ]
+    if result.series:
+        out.append("Counters (the rollout keys are logged twice a step, under 'train'):")
+        out += checks
+    out.append("")
+    out.append("Caller-side cost per log_metrics call (perf_counter_ns on the calling thread), µs:")
+    rows = []
+    for prefix, figures in result.latency_us.items():
+        tee, call = figures["tee"], figures["log_metrics"]
+        rows.append(
+            [
+                prefix,
+                str(figures["calls"]),
+                *(f"{tee[q]:.1f}" for q in ("p50", "p99", "max")),
+                *(f"{call[q]:.1f}" for q in ("p50", "p99", "max")),
+            ]
+        )
+    header = [
+        "prefix",
+        "calls",
+        "tee p50",
+        "tee p99",
+        "tee max",
+        "call p50",
+        "call p99",
+        "call max",
+    ]
+    out += ["  " + line for line in _table(header, rows, frozenset(range(1, 8)))]
+    out.append(
+        "  (tee = async_tee's share; call = the whole Logger.log_metrics, JSONL backend "
+        'included; prefixes other than train, "" and timing/setup are not teed)'
+    )
+    nominal = result.steps * result.step_seconds
+    share = (
+        100 * result.log_seconds_on_training_thread / result.loop_seconds
+        if result.loop_seconds
+        else 0.0
+    )
+    out.append(
+        f"Training loop: {result.loop_seconds:.2f} s for {result.steps} x "
+        f"{result.step_seconds:g} s = {nominal:.2f} s of simulated work; the training "
+        f"thread spent {1000 * result.log_seconds_on_training_thread:.2f} ms in log_metrics "
+        f"({share:.3f} %)."
+    )
+    stats = result.stats
+    out.append("")
+    dropped = stats["dropped_by_reason"]
+    skipped = stats["values_skipped"]
+    out.append(
+        f"async_tee.stats(): enqueued {stats['enqueued']}, recorded {stats['recorded']}, "
+        f"dropped {stats['dropped']} (overflow {dropped['overflow']}, error {dropped['error']}, "
+        f"shutdown {dropped['shutdown']}), pending {stats['pending']}; values skipped: "
+        f"non-finite {skipped['non_finite']}, rejected {skipped['rejected']}, "
+        f"cardinality {skipped['cardinality']}; worker lag p50 {stats['lag_ms']['p50']:.1f} ms, "
+        f"max {stats['lag_ms']['max']:.1f} ms."
+    )
+    exports = stats["exports"]
+    out.append(
+        f"Exports: {exports['success']} succeeded, {exports['failure']} failed. "
+        f"shutdown_telemetry(timeout_s={result.shutdown_timeout_s:g}) returned "
+        + (
+            "True: everything delivered"
+            if result.delivered
+            else "False: not everything was delivered"
+        )
+        + f" (took {result.shutdown_seconds:.2f} s)."
+    )
+    where_jsonl = (
+        f"to {result.jsonl_path}"
+        if result.jsonl_path
+        else "to a temporary file, now removed; --jsonl PATH keeps it"
+    )
+    out.append(f"JsonlBackend wrote {result.jsonl_lines} lines {where_jsonl}.")
+    out.append(
+        f"Callers: the training loop; a GPU-monitor thread ({result.monitor_calls} 'ray' "
+        "dicts); a coroutine inside a running event loop (the efficiency dicts)."
+    )
+    if result.stalled:
+        out.append("")
+        out.append(
+            f"The collector was stalled, yet the training loop took {result.loop_seconds:.2f} s "
+            f"for {nominal:.2f} s of simulated work: exports run on the SDK's own thread and "
+            "the tee only enqueues, so nothing on the training thread waits for the collector."
+        )
+    return "\n".join(out)
