@@ -34,7 +34,8 @@ from time import perf_counter_ns
 from typing import Any
 
 # Run as a script, this file's directory is on sys.path.
-from bench_caller import Receiver, load_train_dict, otlp_environ, wait_until
+from _blocks import wait_until
+from _common import Receiver, load_train_dict, otlp_environ
 
 import async_tee
 from async_tee import metrics, testing

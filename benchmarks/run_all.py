@@ -1,0 +1,204 @@
+"""The whole benchmark suite in one command; merges the parts into one report and a plot.
+
+Usage: ``python benchmarks/run_all.py [--quick] [--out PATH]``
+(install the baselines first: ``pip install '.[bench-full]'``; any that is missing is
+skipped with the reason printed).
+
+Runs, each in its own process (so one's threads, allocator state and GIL history never
+touch the next): ``bench_caller.py`` (caller latency in 8 conditions against the floor,
+the inline tee and janus), ``bench_baselines.py`` (MLflow, tensorboardX, OTel's batch log
+processor and statsd against the tee), ``bench_overhead.py`` (step time of a simulated
+training loop with and without the tee) and ``bench_memory.py`` (RSS through 10^6 calls
+against a stalled receiver). Their JSON and markdown land in ``parts/`` beside ``--out``;
+this script merges them into ``--out`` (``results/latest.json``: machine info, versions,
+every figure), writes ``latest.md`` (every table, with ratios against the floor and the
+inline tee beside absolute times, and the issue's targets with whether each holds) and
+``latency.png`` (``plot.py``).
+
+Full: about 7 minutes on a 2-core VM. ``--quick``: a smoke run of each part (well under
+a minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_baselines
+import bench_caller
+import bench_memory
+import bench_overhead
+from _common import HERE, RESULTS, machine_info, machine_line, md_table, progress
+
+PARTS = ("caller", "baselines", "overhead", "memory")
+SECTIONS = {
+    "caller": ("Caller latency of the tee (bench_caller.py)", bench_caller.section),
+    "baselines": ("Against what users pick instead (bench_baselines.py)", bench_baselines.section),
+    "overhead": ("Training-loop overhead (bench_overhead.py)", bench_overhead.section),
+    "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
+}
+COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
+
+
+def run_part(name: str, parts: Path, quick: bool) -> dict[str, Any]:
+    """Run ``bench_<name>.py`` in a child process; returns its report (or the failure)."""
+    out = parts / f"{name}.json"
+    command = [sys.executable, str(HERE / f"bench_{name}.py"), "--out", str(out)]
+    command += ["--quick"] if quick else []
+    progress(f"\n== {' '.join(command[1:])}")
+    started = time.perf_counter()
+    done = subprocess.run(command, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0 or not out.exists():
+        return {"failed": f"exit status {done.returncode}", "wall_s": seconds}
+    report = json.loads(out.read_text())
+    report.pop("machine", None)  # the merged report carries one
+    report["wall_s"] = seconds
+    return report
+
+
+# ------------------------------------------------------------------ targets
+
+
+def caller_targets(caller: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The caller targets, each with the conditions where it holds and where it misses."""
+    by_target: dict[str, dict[str, list[str]]] = {}
+    for check in caller.get("targets", []):
+        verdicts = by_target.setdefault(check["target"], {"holds": [], "missed": []})
+        verdicts["holds" if check["holds"] else "missed"].append(
+            f"{check['condition']} {check['value']:.3g}"
+        )
+    return [
+        (target, ", ".join(v["holds"]) or "-", ", ".join(v["missed"]) or "-")
+        for target, v in by_target.items()
+    ]
+
+
+def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The worker's CPU per GRPO step (reported, no limit) and the step-time overhead."""
+    rows = []
+    for cell in overhead.get("cells", []):
+        if cell["variant"] == "bare":
+            continue
+        rows.append(
+            (
+                f"worker CPU per step, {cell['step_ms']} ms steps, {cell['variant']}",
+                f"{cell['worker_cpu_per_step_us']:.0f} µs/step "
+                f"({cell['threads_cpu_pct_of_step']:.3f} % of the step with the exporter); "
+                f"step time {cell['overhead_pct_mean']:+.1f} % (mean)",
+                "reported",
+            )
+        )
+    return rows
+
+
+def memory_targets(memory: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Whether RSS growth stayed within the queue bound in each phase."""
+    rows = []
+    for p in memory.get("memory", {}).get("phases", []):
+        figures = f"{p['phase']}: +{p['growth_mib']:.2f} MiB (bound {p['bound_mib']:.2f})"
+        holds = p["within_bound"] and p["no_growth_once_full"]
+        rows.append(
+            (
+                "RSS growth within the queue bound",
+                figures if holds else "-",
+                "-" if holds else figures,
+            )
+        )
+    return rows
+
+
+def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Every target of the issue as (target, where it holds, where it misses)."""
+    return (
+        caller_targets(report.get("caller", {}))
+        + overhead_targets(report.get("overhead", {}))
+        + memory_targets(report.get("memory", {}))
+    )
+
+
+# ------------------------------------------------------------------ markdown
+
+
+def markdown(report: dict[str, Any], png: Path | None) -> str:
+    """Every part's tables, the targets and the plot, as one markdown page."""
+    lines = [
+        "# async_tee benchmarks",
+        "",
+        machine_line(report["machine"]),
+        "",
+        f"Reproduce: `{COMMAND}` ({report['duration_s'] / 60:.1f} min for this run"
+        f"{', --quick: a smoke run, no figure to rely on' if report['config']['quick'] else ''}"
+        "). Absolute times drift by up to ±40 % between runs on this machine; ratios "
+        "within one run, and medians of interleaved blocks, are what count.",
+    ]
+    for name in PARTS:
+        title, section = SECTIONS[name]
+        part = report.get(name, {})
+        lines += ["", f"## {title}", ""]
+        lines += [f"Failed: {part['failed']}."] if "failed" in part else section(part)
+    lines += ["", "## Targets (printed, not asserted)", ""]
+    lines += md_table(("target", "holds (value)", "missed (value)"), targets(report))
+    if png is not None:
+        lines += ["", "## Caller-latency distributions", "", f"![caller latency]({png.name})"]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every part")
+    parser.add_argument("--out", type=Path, default=None, help="merged JSON output path")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        quick_dir = Path(tempfile.mkdtemp(prefix="async-tee-bench-"))
+        args.out = (quick_dir if args.quick else RESULTS) / "latest.json"
+    return args
+
+
+def write_plot(report: dict[str, Any], out: Path) -> Path | None:
+    """The latency PNG beside ``out``, or None (with the reason) without matplotlib."""
+    try:
+        import plot
+    except ImportError as error:  # pragma: no cover - only without matplotlib
+        progress(f"no plot: {error}")
+        return None
+    try:
+        return plot.plot(report, out.with_name("latency.png"))
+    except ImportError as error:
+        progress(f"no plot: {error} (pip install '.[bench-full]')")
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    parts_dir = args.out.parent / "parts"
+    report: dict[str, Any] = {
+        "machine": machine_info(),
+        "config": {"quick": args.quick, "command": COMMAND},
+    }
+    for name in PARTS:
+        report[name] = run_part(name, parts_dir, args.quick)
+    report["duration_s"] = time.perf_counter() - started
+    report["targets"] = [{"target": t, "holds": h, "missed": m} for t, h, m in targets(report)]
+    png = write_plot(report, args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report, png))
+    failed = [name for name in PARTS if "failed" in report[name]]
+    print(f"\nwrote {args.out}, {args.out.with_suffix('.md')}" + (f" and {png}" if png else ""))
+    print(f"run_all took {report['duration_s']:.0f} s" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
