@@ -197,6 +197,49 @@ healthy = pipeline_setup("healthy")
 inline = pipeline_setup("healthy", fn=tee_metrics._tee_rl_metrics_to_otel)
 
 
+def _seed_shape_recorder(meter: Any) -> Callable[[dict[str, Any]], None]:
+    """The original tee's recording: map, then one SDK synchronous instrument call per value.
+
+    Instruments are created once, under a ``seed.`` prefix so they cannot clash with the
+    pipeline's own on the same meter; counters get ``add``, everything else ``set``.
+    """
+    from async_tee.mapping import map_efficiency_seconds, map_teed_scalars
+
+    record: dict[str, Callable[..., None]] = {}
+    for row in async_tee.teed_metrics():
+        if row.kind == "counter":
+            record[row.key] = meter.create_counter(f"seed.{row.name}", unit=row.unit).add
+        else:
+            record[row.key] = meter.create_gauge(f"seed.{row.name}", unit=row.unit).set
+    efficiency = meter.create_gauge("seed.rl.efficiency.seconds", unit="s").set
+    attributes = {
+        category: dict(frozen.mapping)
+        for category, frozen in tee_metrics._EFFICIENCY_ATTRIBUTES.items()
+    }
+
+    def recorder(d: dict[str, Any]) -> None:
+        for key, value in map_teed_scalars(d).items():
+            record[key](value)
+        for category, seconds in map_efficiency_seconds(d, attributes).items():
+            efficiency(seconds, attributes[category])
+
+    return recorder
+
+
+_SEED_RECORDERS: dict[int, Callable[[dict[str, Any]], None]] = {}
+
+
+def seed_shape_tee(d: dict[str, Any], prefix: str, step: int, meter: Any) -> None:
+    """Map and record through the SDK's synchronous instruments, on the caller's thread."""
+    recorder = _SEED_RECORDERS.get(id(meter))
+    if recorder is None:
+        recorder = _SEED_RECORDERS.setdefault(id(meter), _seed_shape_recorder(meter))
+    recorder(d)
+
+
+inline_sdk = pipeline_setup("healthy", fn=seed_shape_tee)
+
+
 @contextlib.contextmanager
 def floor(env: Env) -> Iterator[Target]:
     yield Target(deque(maxlen=BASELINE_QUEUE).append, dict)
@@ -210,6 +253,13 @@ def timer_only(env: Env) -> Iterator[Target]:
 HEALTHY_B2B = Condition("healthy_b2b", "2 healthy, back to back", healthy)
 FLOOR = Condition("floor", "a floor: deque.append(dict(d))", floor, "copy_put", kind="baseline")
 INLINE = Condition("inline", "b inline _tee_rl_metrics_to_otel", inline, "inline", kind="baseline")
+INLINE_SDK = Condition(
+    "inline_sdk",
+    "b' inline, seed's shape (SDK sync instruments)",
+    inline_sdk,
+    "inline",
+    kind="baseline",
+)
 TIMER = Condition("timer", "timer: empty perf_counter_ns pair", timer_only, "empty", kind="timer")
 
 # ------------------------------------------------------------------ running blocks

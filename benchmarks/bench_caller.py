@@ -62,6 +62,7 @@ from _blocks import (
     FLOOR,
     HEALTHY_B2B,
     INLINE,
+    INLINE_SDK,
     LATENCY_HEADER,
     PACE_NS,
     TIMER,
@@ -211,6 +212,7 @@ CONDITIONS = (
         "floor_paced", "a' floor, trainer pace", floor, "copy_put", paced=True, kind="baseline"
     ),
     INLINE,
+    INLINE_SDK,
     Condition(
         "janus",
         "c janus 2.0 drop-oldest",
@@ -273,6 +275,12 @@ def check_targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if key != "gil":
             check(key, "p99.9 <= 30 us", row["us"]["p99.9"], 30.0)
         check(key, "p50 >= 50x below inline", p50, results["inline"]["median_block_p50_us"] / 50)
+        check(
+            key,
+            "p50 >= 50x below the seed's inline (SDK instruments)",
+            p50,
+            results["inline_sdk"]["median_block_p50_us"] / 50,
+        )
     for key in ("off", "off_paced"):
         check(key, "telemetry off p50 <= 0.2 us", results[key]["median_block_p50_us"], 0.2)
     return checks
