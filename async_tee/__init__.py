@@ -28,6 +28,7 @@ from async_tee.registry import (
 from async_tee.reporting import warn_once
 from async_tee.telemetry import (
     TelemetryHandle,
+    aflush,
     flush,
     shutdown_telemetry,
     start_telemetry,
@@ -55,6 +56,7 @@ __all__ = [
     "TeedMetric",
     "TelemetryHandle",
     "__version__",
+    "aflush",
     "as_scalar",
     "create_metric_instruments",
     "create_rl_metric_instruments",

@@ -280,6 +280,23 @@ def flush(timeout_s: float = 5.0) -> bool:
         return False
 
 
+async def aflush(timeout_s: float = 5.0) -> bool:
+    """``flush`` for code inside a running event loop: awaits instead of blocking the loop.
+
+    Returns:
+        True when every dict teed before this call was recorded within ``timeout_s``
+        (or telemetry is off). Never raises.
+    """
+    try:
+        handle = _STATE
+        if handle is None or handle.worker is None:
+            return True
+        return await handle.worker.aflush(timeout_s)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        warn_once("aflush", "async_tee: aflush failed")
+        return False
+
+
 def _shutdown_provider(handle: TelemetryHandle, deadline: float) -> bool:
     """Shut down a provider async_tee built, bounded by ``deadline`` even if the SDK is not."""
     provider = handle.meter_provider

@@ -94,7 +94,7 @@ class Worker:
         self.counts = Counts(0, 0, 0, 0, 0)
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.max_lag_ms = 0.0
-        self._waiters: deque[tuple[int, threading.Event]] = deque()
+        self._waiters: deque[tuple[int, Callable[[], object]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_future: asyncio.Future[None] | None = None
         self._wake_pending = False
@@ -236,9 +236,43 @@ class Worker:
         done = self.counts.next_expected
         for entry in list(self._waiters):
             if force or entry[0] <= done:
-                entry[1].set()
+                try:
+                    entry[1]()
+                except Exception:  # noqa: BLE001 - a waiter's loop may be closed
+                    warn_once("worker:waiter", "async_tee: could not notify a flush waiter")
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(entry)
+
+    def _flush_target(self) -> int | None:
+        """What a flush must wait for, or None when it must not wait (done or impossible)."""
+        target = self.queue.enqueued()
+        if self.counts.next_expected >= target:
+            return None
+        if threading.current_thread() is self._thread:
+            # Called from code the worker runs (a log handler): it cannot wait for itself,
+            # and re-entering the drain would corrupt the batch in progress.
+            return None
+        if not self._thread.is_alive():
+            return None
+        return target
+
+    def _await_target(
+        self, target: int, notify: Callable[[], object]
+    ) -> tuple[int, Callable[[], object]]:
+        entry = (target, notify)
+        self._waiters.append(entry)
+        self._wake_pending = False  # a flush must reach the loop even mid-burst
+        self.wake()
+        return entry
+
+    def _forget(self, entry: tuple[int, Callable[[], object]]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(entry)
+
+    def _flushed(self, target: int | None) -> bool:
+        if target is None:  # nothing to wait for, or no way to wait: say which
+            return self.pending() == 0
+        return self.counts.next_expected >= target
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every item put before this call is processed. Never raises.
@@ -247,24 +281,29 @@ class Worker:
             True when all were processed within ``timeout_s``; False on timeout, when the
             worker is not running, or when called from the worker's own thread.
         """
-        target = self.queue.enqueued()
-        if self.counts.next_expected >= target:
-            return True
-        if threading.current_thread() is self._thread:
-            # Called from code the worker runs (a log handler): it cannot wait for itself,
-            # and re-entering the drain would corrupt the batch in progress.
-            return False
-        if not self._thread.is_alive():
-            return False
-        entry = (target, threading.Event())
-        self._waiters.append(entry)
-        self._wake_pending = False  # a flush must reach the loop even mid-burst
-        self.wake()
-        finished = entry[1].wait(max(0.0, timeout_s))
-        if not finished:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(entry)
-        return self.counts.next_expected >= target
+        target = self._flush_target()
+        if target is not None:
+            event = threading.Event()
+            entry = self._await_target(target, event.set)
+            if not event.wait(max(0.0, timeout_s)):
+                self._forget(entry)
+        return self._flushed(target)
+
+    async def aflush(self, timeout_s: float) -> bool:
+        """``flush`` for a coroutine: awaits instead of blocking its event loop.
+
+        Safe from any running loop but the worker's own. Never raises.
+        """
+        target = self._flush_target()
+        if target is not None:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+            entry = self._await_target(target, lambda: loop.call_soon_threadsafe(_resolve, done))
+            try:
+                await asyncio.wait_for(done, max(0.0, timeout_s))
+            except asyncio.TimeoutError:
+                self._forget(entry)
+        return self._flushed(target)
 
     def stop(self, timeout_s: float) -> bool:
         """Drain, stop the loop and join the thread, all within ``timeout_s``. Never raises.

@@ -384,3 +384,35 @@ def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(
     assert "overflowed" in warnings[0]
     assert "recovered" in warnings[1]
     assert f"{dropped} dicts were dropped" in warnings[1]
+
+
+@pytest.mark.asyncio
+async def test_aflush_awaits_without_blocking_the_callers_loop(provider, reader):
+    async_tee.start_telemetry(provider, drain_interval_s=30.0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.ensure_future(ticker())
+    try:
+        async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1)
+        assert await async_tee.aflush(BOUND_S)
+    finally:
+        running.cancel()
+    assert collect(reader) == {("rl.reward.mean", frozenset()): 0.5}
+    assert ticks > 0  # the loop kept running while aflush waited
+
+
+@pytest.mark.asyncio
+async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
+    async_tee.start_telemetry(provider)
+    worker = async_tee.telemetry._LAST_WORKER
+    assert worker is not None
+    with worker.busy:  # hold the worker inside its batch: nothing can be recorded
+        async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1)
+        assert await async_tee.aflush(0.2) is False
+    assert await async_tee.aflush(BOUND_S) is True
