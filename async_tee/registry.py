@@ -492,8 +492,19 @@ def _record_one(
 
 
 def _reinit_after_fork() -> None:
+    """In a forked child: a fresh lock, and no value inherited from the parent.
+
+    A child (a DataLoader worker, say) shares the parent's resource identity; if it kept
+    the parent's last values it would export them again under that identity, stale,
+    beside the parent's own. It exports only what it records itself.
+    """
     global _LOCK
     _LOCK = threading.Lock()
+    for by_group in list(_INSTRUMENTS.values()):
+        for instruments in by_group.values():
+            for series in instruments.values():
+                if isinstance(series, _LastValue):
+                    series.points.clear()
 
 
 if hasattr(os, "register_at_fork"):

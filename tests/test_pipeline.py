@@ -342,7 +342,16 @@ def test_fork_gives_the_child_its_own_working_pipeline():
                 async_tee.tee_rl_metrics_to_otel({"reward": 3.0}, "train", step)
             ok = async_tee.flush(10)
             s = async_tee.stats()
+            names = {
+                (m.name, getattr(m.data.data_points[0], "value", None))
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+                if m.name.startswith("rl.")
+            }
+            # Only what the child recorded: the parent's loss is not re-exported, stale.
             good = ok and s["recorded"] == 50 and s["dropped"] == 0
+            good = good and names == {("rl.reward.mean", 3.0)}
             async_tee.shutdown_telemetry(2)
             os._exit(0 if good else 3)
         stop.set()
