@@ -100,6 +100,7 @@ class Worker:
         self._wake_pending = False
         self._stopping = False
         self._overflow_seen = 0
+        self.wakes = 0  # loop iterations: timer wakes, high-water wakes, flushes
         self._loss_started_at: int | None = None
         self._ready = threading.Event()
         # Held while items are processed, so os.fork() can wait for a clean point instead
@@ -132,6 +133,7 @@ class Worker:
         self._ready.set()
         sleep = self._interval
         while True:
+            self.wakes += 1
             found = self.drain()
             self._report_loss()
             self._release_waiters()

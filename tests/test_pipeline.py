@@ -425,3 +425,16 @@ async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
         async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1)
         assert await async_tee.aflush(0.2) is False
     assert await async_tee.aflush(BOUND_S) is True
+
+
+def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
+    # Each timer wake costs CPU (and a GIL hand-off) even with nothing to do: idle, the
+    # worker doubles its sleep up to 1 s. At a fixed 10 ms it would wake ~100 times here.
+    async_tee.start_telemetry(provider, drain_interval_s=0.01)
+    worker = async_tee.telemetry._LAST_WORKER
+    assert worker is not None
+    time.sleep(1.0)  # measuring idleness itself, not waiting for work to finish
+    idle_wakes = worker.wakes
+    assert idle_wakes <= 15, idle_wakes
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
+    assert async_tee.flush(BOUND_S)  # a flush still reaches a backed-off worker at once
