@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -23,34 +24,26 @@ __all__ = ["main"]
 _POLL_S = 0.5  # how often the sink's foreground loop re-checks for a stop request
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535): {text!r}")
-    return value
+def _bounded(
+    convert: Callable[[str], float], low: float, high: float, expected: str
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert`` the text, and refuse what falls outside [low, high]."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{expected}: {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 3600]: {text!r}")
-    return value
+_port = _bounded(int, 0, 65535, "not a TCP port (0-65535)")
+_positive_int = _bounded(int, 1, math.inf, "must be an integer >= 1")
+_seconds = _bounded(float, 0, 3600, "must be a number of seconds in [0, 3600]")
 
 
 def _parser() -> argparse.ArgumentParser:
