@@ -118,6 +118,13 @@ _COUNTED_STEP: dict[str, Any] = {}
 _TEE_ERRORS = [0]
 
 
+_DERIVED_DESCRIPTIONS = {
+    RL_EFFICIENCY_SECONDS_METRIC: "Seconds spent per efficiency category (async runs).",
+    RL_EFFICIENCY_PCT_METRIC: "Share of wall time spent productively.",
+    RL_SETUP_DURATION_METRIC: "Start-up phase durations, reported once at step 0.",
+}
+
+
 def _metric_specs() -> list[MetricSpec]:
     """Build the full ``MetricSpec`` list for the ``rl`` group."""
     specs = [
@@ -128,25 +135,11 @@ def _metric_specs() -> list[MetricSpec]:
         MetricSpec(row.key, row.name, row.kind, row.unit, row.description, row.callback)
         for row in vocabulary.recorded_metrics()
     ]
+    # Name, kind and unit come from vocabulary.DERIVED_SERIES, the one place that states
+    # them (the declaration-time Prometheus collision check reads it too).
     specs += [
-        MetricSpec(
-            _EFFICIENCY_SECONDS_KEY,
-            RL_EFFICIENCY_SECONDS_METRIC,
-            unit="s",
-            description="Seconds spent per efficiency category (async runs).",
-        ),
-        MetricSpec(
-            _EFFICIENCY_PCT_KEY_REGISTRY,
-            RL_EFFICIENCY_PCT_METRIC,
-            unit="%",
-            description="Share of wall time spent productively.",
-        ),
-        MetricSpec(
-            _SETUP_DURATION_KEY,
-            RL_SETUP_DURATION_METRIC,
-            unit="s",
-            description="Start-up phase durations, reported once at step 0.",
-        ),
+        MetricSpec(registry_key(name), name, kind, unit, _DERIVED_DESCRIPTIONS[name])
+        for name, kind, unit in vocabulary.DERIVED_SERIES
     ]
     return specs
 

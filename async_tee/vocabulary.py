@@ -45,8 +45,7 @@ DERIVED_SERIES: tuple[tuple[str, str, str], ...] = (
 )
 """``(name, kind, unit)`` of the series the tee derives itself (SEMANTICS 3c, 3d).
 
-No declared row may take their Prometheus names; ``metrics`` declares them with the same
-name, kind and unit (a test keeps the two in step).
+No declared row may take their Prometheus names; ``metrics`` declares them from here.
 """
 
 # OTel's SDK raises a bare Exception at instrument creation for any other name, and for a
