@@ -62,7 +62,7 @@ _HOOKS_INSTALLED = False
 _SELF_GROUP_REGISTERED = False
 
 
-def _stats_of(worker: Worker | None) -> dict[str, Any]:
+def _stats_of(worker: Worker | None, lag_percentiles: bool = True) -> dict[str, Any]:
     from async_tee.provider import EXPORT_RESULTS
 
     counts = worker.counts if worker is not None else None
@@ -74,7 +74,8 @@ def _stats_of(worker: Worker | None) -> dict[str, Any]:
     }
     dropped = sum(dropped_by_reason.values())
     recorded = counts.recorded if counts else 0
-    lags = sorted(worker.lags_ms) if worker is not None else []
+    # The export callbacks skip the sort: the lag is exported as a histogram already.
+    lags = sorted(worker.lags_ms) if worker is not None and lag_percentiles else []
 
     def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
         return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
@@ -116,11 +117,20 @@ def stats() -> dict[str, Any]:
         ``exporting``. ``pending`` includes dicts the full queue dropped that the worker
         has not yet seen; after ``flush`` they are in ``dropped``.
     """
+    return _guarded_stats(lag_percentiles=True)
+
+
+def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
     try:
-        return _stats_of(_LAST_WORKER)
+        return _stats_of(_LAST_WORKER, lag_percentiles)
     except Exception:  # noqa: BLE001 - observability must not break the observed
         warn_once("stats", "async_tee: computing stats failed")
         return _stats_of(None)
+
+
+def _export_stats() -> dict[str, Any]:
+    """What the ``async_tee.*`` callbacks read, once each per export: no lag sort."""
+    return _guarded_stats(lag_percentiles=False)
 
 
 def _process(meter: Meter) -> Any:
@@ -170,7 +180,7 @@ def _start_pipeline(handle: TelemetryHandle) -> None:
 def _register_groups(meter: Meter) -> bool:
     global _SELF_GROUP_REGISTERED
     if not _SELF_GROUP_REGISTERED:
-        registry.register_metric_group(SELF_METRIC_GROUP, self_metric_specs(stats))
+        registry.register_metric_group(SELF_METRIC_GROUP, self_metric_specs(_export_stats))
         _SELF_GROUP_REGISTERED = True
     registry.create_metric_instruments(meter, SELF_METRIC_GROUP)
     if not metrics.ensure_metric_group_registered():
