@@ -13,34 +13,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from async_tee import metrics, vocabulary
-from async_tee.mapping import EFFICIENCY_PCT_KEY
-from async_tee.prometheus_names import prometheus_name
-from async_tee.selfmetrics import self_metric_specs
+from async_tee import _series, vocabulary
+from async_tee._prometheus_names import prometheus_name
 
 __all__ = ["CatalogEntry", "render_catalog", "series_catalog"]
-
-EFFICIENCY_SECONDS_LOGGER_KEY = "efficiency/<category>_s"
-SETUP_LOGGER_KEY = "timing/setup:*_s"
-
-_EFFICIENCY_SECONDS_ATTRIBUTES = (
-    metrics.RL_EFFICIENCY_CATEGORY_ATTR,
-    metrics.RL_EFFICIENCY_MEASUREMENT_ATTR,
-    metrics.RL_EFFICIENCY_WINDOW_ATTR,
-    metrics.RL_BUCKET_ATTR,
-)
-_EFFICIENCY_PCT_ATTRIBUTES = (
-    metrics.RL_EFFICIENCY_MEASUREMENT_ATTR,
-    metrics.RL_EFFICIENCY_WINDOW_ATTR,
-)
-# The attribute each self-metric is split by (selfmetrics.py reads them from stats()).
-SELF_METRIC_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "dropped": ("reason",),
-    "values_skipped": ("reason",),
-    "non_finite": ("series",),
-    "errors": ("where",),
-    "exports": ("result",),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,49 +96,33 @@ def series_catalog() -> list[CatalogEntry]:
         _entry(row.name, row.kind, row.unit, row.description, source="recorded")
         for row in vocabulary.recorded_metrics()
     ]
-    derived = {spec.name: spec for spec in metrics._metric_specs()}
-    seconds = derived[metrics.RL_EFFICIENCY_SECONDS_METRIC]
-    pct = derived[metrics.RL_EFFICIENCY_PCT_METRIC]
-    setup = derived[metrics.RL_SETUP_DURATION_METRIC]
+    sources = {
+        _series.EFFICIENCY_SECONDS.name: "efficiency",
+        _series.EFFICIENCY_PCT.name: "efficiency",
+        _series.SETUP_DURATION.name: "setup",
+    }
     entries += [
         _entry(
-            seconds.name,
-            seconds.kind,
-            seconds.unit,
-            seconds.description,
-            source="efficiency",
-            logger_key=EFFICIENCY_SECONDS_LOGGER_KEY,
-            attributes=_EFFICIENCY_SECONDS_ATTRIBUTES,
-        ),
-        _entry(
-            pct.name,
-            pct.kind,
-            pct.unit,
-            pct.description,
-            source="efficiency",
-            logger_key=EFFICIENCY_PCT_KEY,
-            attributes=_EFFICIENCY_PCT_ATTRIBUTES,
-        ),
-        _entry(
-            setup.name,
-            setup.kind,
-            setup.unit,
-            setup.description,
-            source="setup",
-            logger_key=SETUP_LOGGER_KEY,
-            attributes=(metrics.RL_SETUP_PHASE_ATTR,),
-        ),
+            series.name,
+            series.kind,
+            series.unit,
+            series.description,
+            source=sources[series.name],
+            logger_key=series.logger_key,
+            attributes=series.attributes,
+        )
+        for series in _series.DERIVED
     ]
     entries += [
         _entry(
-            spec.name,
-            spec.kind,
-            spec.unit,
-            spec.description,
+            series.name,
+            series.kind,
+            series.unit,
+            series.description,
             source="self",
-            attributes=SELF_METRIC_ATTRIBUTES.get(spec.key, ()),
+            attributes=series.attributes,
         )
-        for spec in self_metric_specs(dict)
+        for series in _series.SELF
     ]
     return entries
 

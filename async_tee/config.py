@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from async_tee.reporting import warn_once
+from async_tee._reporting import warn_once
 
 ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
 """bool, default true: false (``0``, ``false``, ``no``, ``off``) makes everything a no-op."""

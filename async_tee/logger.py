@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import IO, Any, Protocol, runtime_checkable
 
 from async_tee import metrics as _metrics
-from async_tee.reporting import warn_once
+from async_tee._reporting import warn_once
 from async_tee.vocabulary import as_scalar
 
 __all__ = ["Backend", "JsonlBackend", "Logger"]

@@ -1,15 +1,22 @@
 """The consumer-driven metric registry: named groups of series, recorded by key, never raising.
 
-A consumer declares its series once (``register_metric_group``) and records plain
-``{key: value}`` dicts against them (``record_metrics``); the registry owns the
+A consumer declares its series once per process (``register_metric_group``) and records
+plain ``{key: value}`` dicts against them (``record_metrics``); the registry owns the
 OpenTelemetry instruments. It is written against the OTel metrics API, which it imports
 only when the first instrument is created, so importing this module stays cheap.
+
+Instruments live in one :class:`InstrumentRegistry` per meter, because the SDK registers
+an instrument name once per meter: a second session on the same provider must feed the
+callbacks the first one registered. A session (``Pipeline``) holds its meter's registry
+and starts it afresh (:meth:`InstrumentRegistry.begin_session`), so the counts it reports
+are its own.
 
 Gauges and sums are kept as a latest-value / running-total table that an observable
 instrument reports once per export cycle: recording is then a dict store (~0.2 µs) instead
 of a trip through the SDK's attribute validation and aggregation (~5-15 µs per call,
 measured in ``benchmarks/``), and the point set a backend sees is the same: the last value
 per attribute set, every interval, forever. Histograms record through the SDK directly.
+See docs/semantics.md §4.
 """
 
 from __future__ import annotations
@@ -22,12 +29,27 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee.prometheus_names import check_prometheus_names
-from async_tee.reporting import warn_once
-from async_tee.vocabulary import OBSERVABLE_KINDS, as_scalar, validate_series
+from async_tee._declarations import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
+from async_tee._prometheus_names import check_prometheus_names
+from async_tee._reporting import warn_once
+from async_tee.vocabulary import as_scalar
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+__all__ = [
+    "DEFAULT_MAX_ATTRIBUTE_SETS",
+    "NO_ATTRIBUTES",
+    "FrozenAttributes",
+    "InstrumentRegistry",
+    "MetricSpec",
+    "RegistryCounts",
+    "create_metric_instruments",
+    "group_specs",
+    "instrument_registry",
+    "record_metrics",
+    "register_metric_group",
+]
 
 DEFAULT_MAX_ATTRIBUTE_SETS = 512
 """Attribute sets kept per series; later sets are dropped and counted, not exported.
@@ -37,49 +59,6 @@ Below the SDK's own limit of 2,000, past which points silently merge into one
 """
 
 AttributeValue = str | bool | int | float
-
-
-@dataclasses.dataclass(frozen=True)
-class MetricSpec:
-    """One series of a metric group.
-
-    Attributes:
-        key: The registry key values are recorded against; a Python identifier.
-        name: The OTel instrument name.
-        kind: ``gauge``, ``counter``, ``histogram``, ``up_down_counter``, or one of
-            ``observable_gauge``, ``observable_counter``, ``observable_up_down_counter``.
-        unit: UCUM-ish unit, ASCII, at most 63 characters.
-        description: Help text carried to the backend.
-        callback: For observable kinds only, called once per export cycle with the SDK's
-            ``CallbackOptions``; returns ``Observation`` objects.
-        buckets: For histograms, explicit bucket boundaries (the SDK's default ones,
-            0-10,000, suit neither seconds nor milliseconds).
-    """
-
-    key: str
-    name: str
-    kind: str = "gauge"
-    unit: str = ""
-    description: str = ""
-    callback: Callable[..., Iterable[Any]] | None = dataclasses.field(default=None, compare=False)
-    buckets: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.key, str) or not self.key.isidentifier():
-            raise ValueError(f"metric key {self.key!r} must be a Python identifier")
-        validate_series(self.name, self.kind, self.unit)
-        observable = self.kind in OBSERVABLE_KINDS
-        if observable and self.callback is None:
-            raise ValueError(f"observable metric {self.name!r} needs a callback")
-        if not observable and self.callback is not None:
-            raise ValueError(f"metric {self.name!r} of kind {self.kind!r} cannot take a callback")
-        if self.buckets is not None:
-            bounds = tuple(float(b) for b in self.buckets)
-            if self.kind != "histogram":
-                raise ValueError(f"metric {self.name!r}: only a histogram takes buckets")
-            if any(not math.isfinite(b) for b in bounds) or list(bounds) != sorted(set(bounds)):
-                raise ValueError(f"metric {self.name!r}: buckets must be finite and increasing")
-            object.__setattr__(self, "buckets", bounds)
 
 
 class FrozenAttributes:
@@ -112,29 +91,13 @@ NO_ATTRIBUTES = FrozenAttributes({})
 
 @dataclasses.dataclass
 class RegistryCounts:
-    """What the registry refused to record, by reason; read by self-telemetry."""
+    """What a registry refused to record, by reason; read by self-telemetry."""
 
     non_finite: int = 0
     rejected: int = 0
     cardinality: int = 0
     errors: int = 0
     non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-COUNTS = RegistryCounts()
-_GROUPS: dict[str, tuple[MetricSpec, ...]] = {}
-_LOCK = threading.Lock()  # guards running totals and instrument creation; never the tee's
-_MAX_SETS = [DEFAULT_MAX_ATTRIBUTE_SETS]
-_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, dict[str, _Series]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def set_max_attribute_sets(limit: int) -> None:
-    """Bound the attribute sets kept per series (applies to series created afterwards)."""
-    if limit < 1:
-        raise ValueError(f"max attribute sets must be at least 1, got {limit}")
-    _MAX_SETS[0] = limit
 
 
 def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
@@ -164,42 +127,42 @@ def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
             raise ValueError(f"metric group {group!r}: duplicate name {spec.name!r}")
         keys.add(spec.key)
         names.add(spec.name)
-    with _LOCK:
-        if group in _GROUPS:
-            raise ValueError(f"metric group {group!r} is already registered")
-        check_prometheus_names(
-            [(spec.name, spec.kind, spec.unit) for spec in specs],
-            [(spec.name, spec.kind, spec.unit) for other in _GROUPS.values() for spec in other],
-        )
-        _GROUPS[group] = specs
+    groups = DECLARATIONS.groups
+    if group in groups:
+        raise ValueError(f"metric group {group!r} is already registered")
+    check_prometheus_names(
+        [(spec.name, spec.kind, spec.unit) for spec in specs],
+        [(spec.name, spec.kind, spec.unit) for other in groups.values() for spec in other],
+    )
+    groups[group] = specs
 
 
 def group_specs(group: str) -> tuple[MetricSpec, ...]:
     """The specs of a registered group, or an empty tuple."""
-    return _GROUPS.get(group, ())
-
-
-def _refuse_attribute_set(spec: MetricSpec, limit: int) -> None:
-    """Count and report (once per series) an attribute set past the series' bound."""
-    COUNTS.cardinality += 1
-    warn_once(
-        f"cardinality:{spec.name}",
-        "async_tee: series %s reached %d attribute sets; new sets are dropped",
-        spec.name,
-        limit,
-    )
+    return DECLARATIONS.groups.get(group, ())
 
 
 class _Series:
     """One instrument of a group, and how a value is recorded to it."""
 
-    __slots__ = ("spec",)
+    __slots__ = ("owner", "spec")
 
-    def __init__(self, spec: MetricSpec) -> None:
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry) -> None:
         self.spec = spec
+        self.owner = owner
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         raise NotImplementedError
+
+    def refuse_attribute_set(self, limit: int) -> None:
+        """Count and report (once per series) an attribute set past the series' bound."""
+        self.owner.counts.cardinality += 1
+        warn_once(
+            f"cardinality:{self.spec.name}",
+            "async_tee: series %s reached %d attribute sets; new sets are dropped",
+            self.spec.name,
+            limit,
+        )
 
 
 class _LastValue(_Series):
@@ -207,17 +170,19 @@ class _LastValue(_Series):
 
     __slots__ = ("_observation", "limit", "points")
 
-    def __init__(self, spec: MetricSpec, observation: type[Observation]) -> None:
-        super().__init__(spec)
+    def __init__(
+        self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
+    ) -> None:
+        super().__init__(spec, owner)
         self._observation = observation
-        self.limit = _MAX_SETS[0]
+        self.limit = owner.max_attribute_sets
         self.points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
         self.points = {}
 
     def _admit(self, attributes: FrozenAttributes) -> bool:
         if attributes.key in self.points or len(self.points) < self.limit:
             return True
-        _refuse_attribute_set(self.spec, self.limit)
+        self.refuse_attribute_set(self.limit)
         return False
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
@@ -241,13 +206,15 @@ class _RunningTotal(_LastValue):
 
     __slots__ = ("monotonic",)
 
-    def __init__(self, spec: MetricSpec, observation: type[Observation]) -> None:
-        super().__init__(spec, observation)
+    def __init__(
+        self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
+    ) -> None:
+        super().__init__(spec, owner, observation)
         self.monotonic = spec.kind == "counter"
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if self.monotonic and value < 0:
-            COUNTS.rejected += 1
+            self.owner.counts.rejected += 1
             warn_once(
                 f"negative:{self.spec.name}",
                 "async_tee: counter %s got a negative delta %r; dropped",
@@ -255,7 +222,7 @@ class _RunningTotal(_LastValue):
                 value,
             )
             return
-        with _LOCK:
+        with self.owner.lock:
             if self._admit(attributes):
                 previous = self.points.get(attributes.key)
                 total = value if previous is None else previous[0] + value
@@ -268,8 +235,8 @@ class _RunningTotal(_LastValue):
 class _Histogram(_Series):
     __slots__ = ("_instrument", "_seen", "limit")
 
-    def __init__(self, spec: MetricSpec, meter: Meter) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry, meter: Meter) -> None:
+        super().__init__(spec, owner)
         self._instrument = meter.create_histogram(
             spec.name,
             unit=spec.unit,
@@ -277,12 +244,12 @@ class _Histogram(_Series):
             explicit_bucket_boundaries_advisory=list(spec.buckets) if spec.buckets else None,
         )
         self._seen: set[tuple[tuple[str, AttributeValue], ...]] = set()
-        self.limit = _MAX_SETS[0]
+        self.limit = owner.max_attribute_sets
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if attributes.key not in self._seen:
             if len(self._seen) >= self.limit:
-                _refuse_attribute_set(self.spec, self.limit)
+                self.refuse_attribute_set(self.limit)
                 return
             self._seen.add(attributes.key)
         self._instrument.record(value, attributes.mapping)
@@ -292,7 +259,7 @@ class _Observed(_Series):
     """An observable row whose owner supplies the callback; recording to it is an error."""
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
-        COUNTS.rejected += 1
+        self.owner.counts.rejected += 1
         warn_once(
             f"observable:{self.spec.name}",
             "async_tee: %s is observable (its callback reports it); recorded value dropped",
@@ -309,12 +276,12 @@ class _Unavailable(_Series):
 
     __slots__ = ("group",)
 
-    def __init__(self, spec: MetricSpec, group: str) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry, group: str) -> None:
+        super().__init__(spec, owner)
         self.group = group
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
-        COUNTS.rejected += 1
+        self.owner.counts.rejected += 1
         warn_once(
             f"create:{self.group}:{self.spec.key}",
             "async_tee: instrument %s could not be created; value dropped",
@@ -322,79 +289,219 @@ class _Unavailable(_Series):
         )
 
 
-def _guarded_callback(spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    """Wrap an owner's callback so a failure warns once instead of every export cycle."""
-    callback = spec.callback
-    assert callback is not None
+class InstrumentRegistry:
+    """Every registered group's instruments on one meter, and what recording refused.
 
-    def observe(options: CallbackOptions) -> Iterable[Observation]:
-        try:
-            return list(callback(options))
-        except Exception:  # noqa: BLE001 - the owner's callback must not break an export
-            COUNTS.errors += 1
-            warn_once(f"callback:{spec.name}", "async_tee: callback of %s failed", spec.name)
-            return []
+    Get one with :func:`instrument_registry`: there is one per meter.
 
-    return observe
+    Attributes:
+        counts: What recording refused since the current session began.
+        max_attribute_sets: The bound given to series created from now on.
+        lock: Guards running totals and instrument creation; never taken by the tee.
+    """
 
+    def __init__(self, meter: Meter) -> None:
+        self._meter = weakref.ref(meter)  # the map below is keyed by the meter: no cycle
+        self._by_group: dict[str, dict[str, _Series]] = {}
+        self.counts = RegistryCounts()
+        self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
+        self.lock = threading.Lock()
 
-def _create(meter: Meter, spec: MetricSpec) -> _Series:
-    from opentelemetry.metrics import Observation
+    def begin_session(self, max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS) -> None:
+        """Start counting afresh, with this bound for the series created from now on.
 
-    kind = spec.kind
-    common = {"unit": spec.unit, "description": spec.description}
-    if kind == "histogram":
-        return _Histogram(spec, meter)
-    if kind in OBSERVABLE_KINDS:
-        create_observable = {
-            "observable_gauge": meter.create_observable_gauge,
-            "observable_counter": meter.create_observable_counter,
-            "observable_up_down_counter": meter.create_observable_up_down_counter,
-        }[kind]
-        create_observable(spec.name, callbacks=[_guarded_callback(spec)], **common)
-        return _Observed(spec)
-    series: _LastValue
-    if kind == "gauge":
-        series = _LastValue(spec, Observation)
-        meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
-    elif kind == "counter":
-        series = _RunningTotal(spec, Observation)
-        meter.create_observable_counter(spec.name, callbacks=[series.observe], **common)
-    else:
-        series = _RunningTotal(spec, Observation)
-        meter.create_observable_up_down_counter(spec.name, callbacks=[series.observe], **common)
-    return series
+        Raises:
+            ValueError: ``max_attribute_sets`` is below 1.
+        """
+        if max_attribute_sets < 1:
+            raise ValueError(f"max attribute sets must be at least 1, got {max_attribute_sets}")
+        self.counts = RegistryCounts()
+        self.max_attribute_sets = max_attribute_sets
 
-
-def _instruments(meter: Meter, group: str) -> dict[str, _Series] | None:
-    """The group's instruments on this meter, created on first use; None if unusable."""
-    by_group = _INSTRUMENTS.get(meter)
-    if by_group is not None:
-        found = by_group.get(group)
+    def instruments(self, group: str) -> dict[str, _Series] | None:
+        """The group's instruments, created on first use; None if the group is unknown."""
+        found = self._by_group.get(group)
         if found is not None:
             return found
-    specs = _GROUPS.get(group)
-    if specs is None:
-        warn_once(f"group:{group}", "async_tee: metric group %r is not registered", group)
-        return None
-    with _LOCK:
-        by_group = _INSTRUMENTS.setdefault(meter, {})
-        if group in by_group:
-            return by_group[group]
-        created: dict[str, _Series] = {}
-        for spec in specs:
+        specs = DECLARATIONS.groups.get(group)
+        meter = self._meter()
+        if specs is None or meter is None:
+            warn_once(f"group:{group}", "async_tee: metric group %r is not registered", group)
+            return None
+        with self.lock:
+            if group in self._by_group:
+                return self._by_group[group]
+            created: dict[str, _Series] = {}
+            for spec in specs:
+                try:
+                    created[spec.key] = self._create(meter, spec)
+                except Exception:  # noqa: BLE001 - the SDK raises bare Exception on bad input
+                    self.counts.errors += 1
+                    warn_once(
+                        f"create:{group}:{spec.key}",
+                        "async_tee: could not create instrument %s",
+                        spec.name,
+                    )
+                    created[spec.key] = _Unavailable(spec, self, group)
+            self._by_group[group] = created
+            return created
+
+    def _create(self, meter: Meter, spec: MetricSpec) -> _Series:
+        from opentelemetry.metrics import Observation
+
+        kind = spec.kind
+        common = {"unit": spec.unit, "description": spec.description}
+        if kind == "histogram":
+            return _Histogram(spec, self, meter)
+        if kind in OBSERVABLE_KINDS:
+            create_observable = {
+                "observable_gauge": meter.create_observable_gauge,
+                "observable_counter": meter.create_observable_counter,
+                "observable_up_down_counter": meter.create_observable_up_down_counter,
+            }[kind]
+            create_observable(spec.name, callbacks=[self._guarded_callback(spec)], **common)
+            return _Observed(spec, self)
+        series: _LastValue
+        if kind == "gauge":
+            series = _LastValue(spec, self, Observation)
+            meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
+        elif kind == "counter":
+            series = _RunningTotal(spec, self, Observation)
+            meter.create_observable_counter(spec.name, callbacks=[series.observe], **common)
+        else:
+            series = _RunningTotal(spec, self, Observation)
+            meter.create_observable_up_down_counter(spec.name, callbacks=[series.observe], **common)
+        return series
+
+    def _guarded_callback(
+        self, spec: MetricSpec
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """Wrap an owner's callback so a failure warns once instead of every export cycle."""
+        callback = spec.callback
+        assert callback is not None
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
             try:
-                created[spec.key] = _create(meter, spec)
-            except Exception:  # noqa: BLE001 - the SDK raises bare Exception on bad input
-                COUNTS.errors += 1
-                warn_once(
-                    f"create:{group}:{spec.key}",
-                    "async_tee: could not create instrument %s",
-                    spec.name,
-                )
-                created[spec.key] = _Unavailable(spec, group)
-        by_group[group] = created
-        return created
+                return list(callback(options))
+            except Exception:  # noqa: BLE001 - the owner's callback must not break an export
+                self.counts.errors += 1
+                warn_once(f"callback:{spec.name}", "async_tee: callback of %s failed", spec.name)
+                return []
+
+        return observe
+
+    def create(self, group: str) -> None:
+        """Create every instrument of ``group`` now. Idempotent; never raises."""
+        try:
+            self.instruments(group)
+        except Exception:  # noqa: BLE001 - never raise into the caller
+            self.counts.errors += 1
+            warn_once(f"create:{group}", "async_tee: creating instruments of %r failed", group)
+
+    def record(
+        self,
+        group: str,
+        values: Mapping[str, Any],
+        attributes: Mapping[str, AttributeValue] | FrozenAttributes | None = None,
+    ) -> None:
+        """Record ``{key: value}`` against a group's series. Never raises.
+
+        See :func:`record_metrics` for what is skipped and counted.
+        """
+        try:
+            instruments = self.instruments(group)
+            if instruments is None:
+                return
+            if attributes is None:
+                frozen = NO_ATTRIBUTES
+            elif type(attributes) is FrozenAttributes:
+                frozen = attributes
+            else:
+                try:
+                    frozen = FrozenAttributes(attributes)  # type: ignore[arg-type]
+                except (ValueError, AttributeError, TypeError):
+                    self.counts.rejected += 1
+                    warn_once(
+                        f"attributes:{group}",
+                        "async_tee: bad attributes %r for group %r; values dropped",
+                        attributes,
+                        group,
+                    )
+                    return
+            for key, raw in values.items():
+                if raw is None:
+                    continue
+                self._record_one(instruments, group, key, raw, frozen)
+        except Exception:  # noqa: BLE001 - never raise into the caller
+            self.counts.errors += 1
+            warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
+
+    def _record_one(
+        self,
+        instruments: Mapping[str, _Series],
+        group: str,
+        key: str,
+        raw: Any,
+        attributes: FrozenAttributes,
+    ) -> None:
+        counts = self.counts
+        series = instruments.get(key)
+        if series is None:
+            counts.rejected += 1
+            warn_once(f"key:{group}:{key}", "async_tee: %r is not a key of group %r", key, group)
+            return
+        value = as_scalar(raw)
+        if value is None:
+            counts.rejected += 1
+            warn_once(
+                f"value:{group}:{key}",
+                "async_tee: value %.80r for %s is not a number; dropped",
+                raw,
+                series.spec.name,
+            )
+            return
+        if not math.isfinite(value):
+            counts.non_finite += 1
+            name = series.spec.name
+            counts.non_finite_by_series[name] = counts.non_finite_by_series.get(name, 0) + 1
+            if isinstance(series, _LastValue):
+                series.clear(attributes)
+            return
+        try:
+            series.record(value, attributes)
+        except Exception:  # noqa: BLE001 - an SDK failure must not stop the other keys
+            counts.errors += 1
+            warn_once(f"emit:{group}:{key}", "async_tee: recording %s failed", series.spec.name)
+
+    def after_fork_in_child(self) -> None:
+        """A fresh lock, and no value inherited from the parent.
+
+        A child (a DataLoader worker, say) shares the parent's resource identity; if it
+        kept the parent's last values it would export them again under that identity,
+        stale, beside the parent's own. It exports only what it records itself.
+        """
+        self.lock = threading.Lock()
+        for instruments in self._by_group.values():
+            for series in instruments.values():
+                if isinstance(series, _LastValue):
+                    series.points.clear()
+
+
+# One registry per live meter, because the SDK keeps one instrument per name per meter for
+# the meter's whole life; weak, so a meter nobody holds takes its registry with it.
+_BY_METER: weakref.WeakKeyDictionary[Any, InstrumentRegistry] = weakref.WeakKeyDictionary()
+_BY_METER_LOCK = threading.Lock()
+
+
+def instrument_registry(meter: Meter) -> InstrumentRegistry:
+    """The registry of ``meter``'s instruments (created on first use)."""
+    found = _BY_METER.get(meter)
+    if found is None:
+        with _BY_METER_LOCK:
+            found = _BY_METER.get(meter)
+            if found is None:
+                found = _BY_METER[meter] = InstrumentRegistry(meter)
+    return found
 
 
 def create_metric_instruments(meter: Meter, group: str) -> None:
@@ -404,9 +511,8 @@ def create_metric_instruments(meter: Meter, group: str) -> None:
     else would create them.
     """
     try:
-        _instruments(meter, group)
+        instrument_registry(meter).create(group)
     except Exception:  # noqa: BLE001 - never raise into the caller
-        COUNTS.errors += 1
         warn_once(f"create:{group}", "async_tee: creating instruments of %r failed", group)
 
 
@@ -424,88 +530,21 @@ def record_metrics(
     attribute set is withdrawn, so a dashboard shows a gap rather than a stale number.
     An unknown group or key, a non-numeric value, bad attributes, a negative counter
     delta, a value for an observable key, and any failure inside OTel are reported once
-    (warning, then debug), counted, and skipped. Safe from any thread.
+    (warning, then debug), counted in the meter's :class:`InstrumentRegistry`, and
+    skipped. Safe from any thread.
     """
     try:
-        instruments = _instruments(meter, group)
-        if instruments is None:
-            return
-        if attributes is None:
-            frozen = NO_ATTRIBUTES
-        elif type(attributes) is FrozenAttributes:
-            frozen = attributes
-        else:
-            try:
-                frozen = FrozenAttributes(attributes)  # type: ignore[arg-type]
-            except (ValueError, AttributeError, TypeError):
-                COUNTS.rejected += 1
-                warn_once(
-                    f"attributes:{group}",
-                    "async_tee: bad attributes %r for group %r; values dropped",
-                    attributes,
-                    group,
-                )
-                return
-        for key, raw in values.items():
-            if raw is None:
-                continue
-            _record_one(instruments, group, key, raw, frozen)
+        instrument_registry(meter).record(group, values, attributes)
     except Exception:  # noqa: BLE001 - never raise into the caller
-        COUNTS.errors += 1
         warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
 
 
-def _record_one(
-    instruments: Mapping[str, _Series],
-    group: str,
-    key: str,
-    raw: Any,
-    attributes: FrozenAttributes,
-) -> None:
-    series = instruments.get(key)
-    if series is None:
-        COUNTS.rejected += 1
-        warn_once(f"key:{group}:{key}", "async_tee: %r is not a key of group %r", key, group)
-        return
-    value = as_scalar(raw)
-    if value is None:
-        COUNTS.rejected += 1
-        warn_once(
-            f"value:{group}:{key}",
-            "async_tee: value %.80r for %s is not a number; dropped",
-            raw,
-            series.spec.name,
-        )
-        return
-    if not math.isfinite(value):
-        COUNTS.non_finite += 1
-        name = series.spec.name
-        COUNTS.non_finite_by_series[name] = COUNTS.non_finite_by_series.get(name, 0) + 1
-        if isinstance(series, _LastValue):
-            series.clear(attributes)
-        return
-    try:
-        series.record(value, attributes)
-    except Exception:  # noqa: BLE001 - an SDK failure must not stop the other keys
-        COUNTS.errors += 1
-        warn_once(f"emit:{group}:{key}", "async_tee: recording %s failed", series.spec.name)
-
-
-def _reinit_after_fork() -> None:
-    """In a forked child: a fresh lock, and no value inherited from the parent.
-
-    A child (a DataLoader worker, say) shares the parent's resource identity; if it kept
-    the parent's last values it would export them again under that identity, stale,
-    beside the parent's own. It exports only what it records itself.
-    """
-    global _LOCK
-    _LOCK = threading.Lock()
-    for by_group in list(_INSTRUMENTS.values()):
-        for instruments in by_group.values():
-            for series in instruments.values():
-                if isinstance(series, _LastValue):
-                    series.points.clear()
+def _after_fork_in_child() -> None:
+    global _BY_METER_LOCK
+    _BY_METER_LOCK = threading.Lock()
+    for registry in list(_BY_METER.values()):
+        registry.after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

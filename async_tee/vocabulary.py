@@ -5,23 +5,49 @@ standard library: an owner module (a torch-heavy algorithm) can declare its rows
 pulling in OpenTelemetry, and the exporting side can read them without the training stack.
 
 Owners call :func:`register_teed_metrics` at import, next to the code that logs the keys,
-so renaming a key renames its declaration with it. The rows are collected process-wide and
-handed to the metric registry once, when telemetry starts; after that registration is
-closed (:func:`freeze_metrics`) and a late declaration raises instead of vanishing.
+so renaming a key renames its declaration with it. The rows are collected process-wide
+(:data:`async_tee._declarations.DECLARATIONS`) and handed to the metric registry when
+telemetry starts; after that registration is closed (:func:`freeze_metrics`) and a late
+declaration raises instead of vanishing (docs/semantics.md §5).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from async_tee.prometheus_names import check_prometheus_names
+from async_tee import _series
+from async_tee._declarations import (
+    DECLARATIONS,
+    METRIC_KINDS,
+    METRIC_NAME_PREFIX,
+    OBSERVABLE_KINDS,
+    SYNCHRONOUS_KINDS,
+    RecordedMetric,
+    TeedMetric,
+    registry_key,
+    validate_series,
+)
+from async_tee._prometheus_names import check_prometheus_names
 
-METRIC_NAME_PREFIX = "rl."
-"""Every series async_tee declares starts with this."""
+__all__ = [
+    "INIT_TOTAL_CATEGORY",
+    "METRIC_KINDS",
+    "METRIC_NAME_PREFIX",
+    "OBSERVABLE_KINDS",
+    "RUN_WINDOW_WALL_CLOCK_CATEGORIES",
+    "SYNCHRONOUS_KINDS",
+    "RecordedMetric",
+    "TeedMetric",
+    "as_scalar",
+    "freeze_metrics",
+    "recorded_metrics",
+    "register_recorded_metrics",
+    "register_teed_metrics",
+    "registry_key",
+    "teed_metrics",
+    "validate_series",
+]
 
 INIT_TOTAL_CATEGORY = "init/total"
 """The efficiency category measured once at start-up and republished every step."""
@@ -29,29 +55,16 @@ INIT_TOTAL_CATEGORY = "init/total"
 RUN_WINDOW_WALL_CLOCK_CATEGORIES: frozenset[str] = frozenset({INIT_TOTAL_CATEGORY})
 """Wall-clock efficiency categories whose value covers the whole run, not one step."""
 
-SYNCHRONOUS_KINDS = ("gauge", "counter", "histogram", "up_down_counter")
-"""Kinds that are recorded to."""
+# The seed's module-level tables, now the process's one declarations object (the same
+# containers, so reading them here reads the declarations).
+_REGISTERED: dict[str, TeedMetric] = DECLARATIONS.teed
+_RECORDED: dict[str, RecordedMetric] = DECLARATIONS.recorded
 
-OBSERVABLE_KINDS = ("observable_gauge", "observable_counter", "observable_up_down_counter")
-"""Kinds whose value the exporter pulls from a callback once per export cycle."""
 
-METRIC_KINDS = SYNCHRONOUS_KINDS + OBSERVABLE_KINDS
-"""Every kind the metric registry accepts."""
-
-DERIVED_SERIES: tuple[tuple[str, str, str], ...] = (
-    ("rl.efficiency.seconds", "gauge", "s"),
-    ("rl.efficiency.pct", "gauge", "%"),
-    ("rl.setup.duration", "gauge", "s"),
-)
-"""``(name, kind, unit)`` of the series the tee derives itself (SEMANTICS 3c, 3d).
-
-No declared row may take their Prometheus names; ``metrics`` declares them from here.
-"""
-
-# OTel's SDK raises a bare Exception at instrument creation for any other name, and for a
-# unit that is not ASCII or longer than 63 characters: catch both at declaration instead.
-_INSTRUMENT_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
-_MAX_UNIT_LENGTH = 63
+def __getattr__(name: str) -> Any:
+    if name == "_FROZEN":  # the seed's flag, read live from the declarations
+        return DECLARATIONS.frozen
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_scalar(value: Any) -> float | None:
@@ -120,104 +133,6 @@ def _to_float(value: Any) -> float | None:
     return result if type(result) is float else None
 
 
-def registry_key(name: str) -> str:
-    """Registry key for a series name (``rl.reward.mean`` -> ``reward_mean``).
-
-    Registry keys must be Python identifiers, so the shared prefix goes and dots become
-    underscores. Derived rather than typed out so that a row cannot name its series one
-    thing and record against another.
-    """
-    if name.startswith(METRIC_NAME_PREFIX):
-        name = name[len(METRIC_NAME_PREFIX) :]
-    return name.replace(".", "_")
-
-
-def validate_series(name: str, kind: str, unit: str) -> None:
-    """Raise ``ValueError`` unless a series with this name, kind and unit can be created.
-
-    Raises:
-        ValueError: The name is not a valid OTel instrument name, its registry key is not
-            a Python identifier, the kind is unknown, or the unit is not short ASCII.
-    """
-    if not isinstance(name, str) or not _INSTRUMENT_NAME.fullmatch(name):
-        raise ValueError(
-            f"series name {name!r} is not a valid OpenTelemetry instrument name "
-            "(letters, digits, '_', '.', '-', '/'; starting with a letter; at most 255)"
-        )
-    if not registry_key(name).isidentifier():
-        raise ValueError(
-            f"series name {name!r} gives registry key {registry_key(name)!r}, "
-            "which is not a Python identifier"
-        )
-    if kind not in METRIC_KINDS:
-        raise ValueError(f"series {name!r}: kind {kind!r} is not one of {METRIC_KINDS}")
-    if not isinstance(unit, str) or not unit.isascii() or len(unit) > _MAX_UNIT_LENGTH:
-        raise ValueError(
-            f"series {name!r}: unit {unit!r} must be ASCII and at most "
-            f"{_MAX_UNIT_LENGTH} characters (write 'us', not the micro sign)"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordedMetric:
-    """A series recorded directly, with no ``Logger`` key behind it.
-
-    Declared by its owner for the same reason the teed rows are: the module that calls
-    ``record_rl_metrics`` for a series is the one that names it.
-
-    Attributes:
-        name: OTel series name emitted; :func:`registry_key` derives the key.
-        kind: One of the registry's kinds (``gauge``, ``counter``, ``histogram``,
-            ``up_down_counter``, or an ``observable_*`` kind with a ``callback``).
-        unit: UCUM-ish unit string, or empty when dimensionless.
-        description: Help text carried to the backend.
-        callback: For the observable kinds only: called once per export cycle; returns
-            ``opentelemetry.metrics.Observation`` objects.
-    """
-
-    name: str
-    kind: str = "gauge"
-    unit: str = ""
-    description: str = ""
-    callback: Callable[..., Any] | None = dataclasses.field(default=None, compare=False)
-
-    @functools.cached_property
-    def key(self) -> str:
-        """Registry key recorded against (computed once: the worker reads it per dict)."""
-        return registry_key(self.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class TeedMetric:
-    """One ``Logger`` key mirrored into OTel, and how it is declared to the registry.
-
-    Attributes:
-        logger_key: Key as it appears in the dict handed to ``Logger.log_metrics``.
-        name: OTel series name emitted; :func:`registry_key` derives the key.
-        kind: One of ``gauge``, ``counter``, ``histogram``, ``up_down_counter``. A
-            counter is fed the logged value as a delta.
-        unit: UCUM-ish unit string, or empty when dimensionless.
-        description: Help text carried to the backend.
-    """
-
-    logger_key: str
-    name: str
-    kind: str = "gauge"
-    unit: str = ""
-    description: str = ""
-
-    @functools.cached_property
-    def key(self) -> str:
-        """Registry key recorded against (computed once: the worker reads it per dict)."""
-        return registry_key(self.name)
-
-
-_REGISTERED: dict[str, TeedMetric] = {}
-_RECORDED: dict[str, RecordedMetric] = {}
-_DEFAULTS: set[str] = set()  # series names of shipped rows that a user row may replace
-_FROZEN = False
-
-
 def freeze_metrics() -> None:
     """Close registration, once the rows have been handed to the registry.
 
@@ -225,17 +140,11 @@ def freeze_metrics() -> None:
     declared after that would be read into the recorded values but never declared: a late
     ``register_*`` call raises ``RuntimeError`` instead of being dropped in silence.
     """
-    global _FROZEN
-    _FROZEN = True
+    DECLARATIONS.frozen = True
 
 
 def _check_not_frozen(name: str) -> None:
-    if _FROZEN:
-        raise RuntimeError(
-            f"cannot declare series {name!r}: telemetry has started and metric "
-            "registration is closed; import the module that declares it before "
-            "async_tee.start_telemetry()"
-        )
+    DECLARATIONS.check_not_frozen(name)
 
 
 def _claimed_names() -> dict[str, str]:
@@ -245,33 +154,9 @@ def _claimed_names() -> dict[str, str]:
     return claimed
 
 
-def _validate_teed(row: TeedMetric) -> None:
-    if not isinstance(row, TeedMetric):
-        raise ValueError(f"expected a TeedMetric, got {type(row).__name__}")
-    if not isinstance(row.logger_key, str) or not row.logger_key:
-        raise ValueError(f"series {row.name!r}: logger_key must be a non-empty string")
-    if row.kind not in SYNCHRONOUS_KINDS:
-        raise ValueError(
-            f"teed series {row.name!r}: kind {row.kind!r} is not one of {SYNCHRONOUS_KINDS} "
-            "(a logged value is recorded, never pulled)"
-        )
-    validate_series(row.name, row.kind, row.unit)
-
-
-def _validate_recorded(row: RecordedMetric) -> None:
-    if not isinstance(row, RecordedMetric):
-        raise ValueError(f"expected a RecordedMetric, got {type(row).__name__}")
-    validate_series(row.name, row.kind, row.unit)
-    observable = row.kind in OBSERVABLE_KINDS
-    if observable and row.callback is None:
-        raise ValueError(f"observable series {row.name!r} needs a callback")
-    if not observable and row.callback is not None:
-        raise ValueError(f"series {row.name!r} of kind {row.kind!r} cannot take a callback")
-
-
 def _drop_default(name: str) -> None:
     """Withdraw a shipped default row so a user row can take its name or logger key."""
-    _DEFAULTS.discard(name)
+    DECLARATIONS.defaults.discard(name)
     for logger_key, row in list(_REGISTERED.items()):
         if row.name == name:
             del _REGISTERED[logger_key]
@@ -285,9 +170,8 @@ def _check_prometheus(new: Iterable[TeedMetric | RecordedMetric], replaced: set[
     """
     declared: list[TeedMetric | RecordedMetric] = [*_REGISTERED.values(), *_RECORDED.values()]
     kept = ((row.name, row.kind, row.unit) for row in declared if row.name not in replaced)
-    check_prometheus_names(
-        [(row.name, row.kind, row.unit) for row in new], [*kept, *DERIVED_SERIES]
-    )
+    derived = (series.triple for series in _series.DERIVED)
+    check_prometheus_names([(row.name, row.kind, row.unit) for row in new], [*kept, *derived])
 
 
 def _is_declared(row: RecordedMetric) -> bool:
@@ -295,7 +179,12 @@ def _is_declared(row: RecordedMetric) -> bool:
     return existing is not None and existing == row and existing.callback is row.callback
 
 
-def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False) -> None:
+def _expect(row: object, cls: type) -> None:
+    if not isinstance(row, cls):
+        raise ValueError(f"expected a {cls.__name__}, got {type(row).__name__}")
+
+
+def register_teed_metrics(rows: Iterable[TeedMetric]) -> None:
     """Declare rows for teeing, from the module that logs their keys.
 
     Declaring a row identical to one already declared is a no-op (a module may be imported
@@ -311,9 +200,24 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
             instrument, the third makes Prometheus drop one of two series.
         RuntimeError: Registration is already closed; see :func:`freeze_metrics`.
     """
+    declare_teed(rows, default=False)
+
+
+def declare_teed(rows: Iterable[TeedMetric], *, default: bool) -> None:
+    """:func:`register_teed_metrics`, saying whether these are shipped default rows.
+
+    Default rows (``default=True``, only async_tee's own) may be replaced by a user's row
+    that claims their logger key or series name; they never replace anything themselves.
+
+    Raises:
+        ValueError: As :func:`register_teed_metrics`.
+        RuntimeError: As :func:`register_teed_metrics`.
+    """
     rows = tuple(rows)
+    defaults = DECLARATIONS.defaults
     for row in rows:
-        _validate_teed(row)
+        _expect(row, TeedMetric)
+        row.validate()
         if _REGISTERED.get(row.logger_key) != row:  # re-declaring as is stays a no-op
             _check_not_frozen(row.name)
     seen_keys: dict[str, TeedMetric] = {}
@@ -328,38 +232,38 @@ def register_teed_metrics(rows: Iterable[TeedMetric], *, _default: bool = False)
         existing = _REGISTERED.get(row.logger_key)
         if existing == row:
             continue
-        if existing is not None and (_default or existing.name not in _DEFAULTS):
+        if existing is not None and (default or existing.name not in defaults):
             raise ValueError(
                 f"logger key {row.logger_key!r} is already teed as {existing.name!r}; "
                 f"cannot also tee it as {row.name!r}"
             )
-        if row.name in claimed and (_default or row.name not in _DEFAULTS):
+        if row.name in claimed and (default or row.name not in defaults):
             raise ValueError(
                 f"series {row.name!r} is already declared by {claimed[row.name]}; "
                 f"cannot declare it again for logger key {row.logger_key!r}"
             )
     new = [row for row in rows if _REGISTERED.get(row.logger_key) != row]
     replaced: set[str] = set()
-    if not _default:
+    if not default:
         for row in new:
             existing = _REGISTERED.get(row.logger_key)
-            if existing is not None and existing.name in _DEFAULTS:
+            if existing is not None and existing.name in defaults:
                 replaced.add(existing.name)
-            if row.name in _DEFAULTS:
+            if row.name in defaults:
                 replaced.add(row.name)
     _check_prometheus(new, replaced)
     for row in rows:
         existing = _REGISTERED.get(row.logger_key)
         if existing == row:
             continue
-        if not _default:
-            if existing is not None and existing.name in _DEFAULTS:
+        if not default:
+            if existing is not None and existing.name in defaults:
                 _drop_default(existing.name)
-            if row.name in _DEFAULTS:
+            if row.name in defaults:
                 _drop_default(row.name)
         _REGISTERED[row.logger_key] = row
-        if _default:
-            _DEFAULTS.add(row.name)
+        if default:
+            defaults.add(row.name)
 
 
 def teed_metrics() -> tuple[TeedMetric, ...]:
@@ -380,8 +284,10 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
         RuntimeError: Registration is already closed; see :func:`freeze_metrics`.
     """
     rows = tuple(rows)
+    defaults = DECLARATIONS.defaults
     for row in rows:
-        _validate_recorded(row)
+        _expect(row, RecordedMetric)
+        row.validate()
         if not _is_declared(row):  # re-declaring as is stays a no-op
             _check_not_frozen(row.name)
     claimed = _claimed_names()
@@ -390,17 +296,16 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
         other = in_call.setdefault(row.name, row)
         if other is not row and not (other == row and other.callback is row.callback):
             raise ValueError(f"rows {other!r} and {row!r} collide within one declaration")
-        existing = _RECORDED.get(row.name)
-        if existing is not None and existing == row and existing.callback is row.callback:
+        if _is_declared(row):
             continue
-        if row.name in claimed and row.name not in _DEFAULTS:
+        if row.name in claimed and row.name not in defaults:
             raise ValueError(f"series {row.name!r} is already declared by {claimed[row.name]}")
     new = [row for row in rows if not _is_declared(row)]
-    _check_prometheus(new, {row.name for row in new if row.name in _DEFAULTS})
+    _check_prometheus(new, {row.name for row in new if row.name in defaults})
     for row in rows:
         if _is_declared(row):
             continue
-        if row.name in _DEFAULTS:
+        if row.name in defaults:
             _drop_default(row.name)
         _RECORDED[row.name] = row
 

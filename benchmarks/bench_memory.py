@@ -49,9 +49,9 @@ from _common import (
     rss_bytes,
     start_receiver,
 )
+from async_tee.worker import BATCH_SIZE
 
 import async_tee
-from async_tee.worker import BATCH_SIZE
 
 MIB = 1024 * 1024
 ALLOWANCE = 2 * MIB

@@ -7,8 +7,8 @@ import math
 import pytest
 from conftest import load_calls
 
-from async_tee import mapping
-from async_tee.mapping import (
+from async_tee._declarations import DECLARATIONS
+from async_tee._mapping import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     RUN_WINDOW,
     STEP_WINDOW,
@@ -390,5 +390,5 @@ def test_set_efficiency_categories_after_freeze_raises():
     assert efficiency_categories() == before
 
 
-def test_categories_are_module_state_reset_between_tests():
-    assert mapping._CATEGORIES == DEFAULT_CATEGORIES
+def test_categories_are_declarations_reset_between_tests():
+    assert DECLARATIONS.categories == DEFAULT_CATEGORIES

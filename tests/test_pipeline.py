@@ -239,11 +239,11 @@ def test_flush_and_shutdown_from_the_worker_thread_do_not_deadlock(provider, rea
     handler = CallsBack(level=logging.WARNING)
     logging.getLogger("async_tee").addHandler(handler)
     try:
-        async_tee.start_telemetry(provider)
+        pipeline = async_tee.start_telemetry(provider)
         # A negative counter delta makes the worker warn: the handler runs on the worker.
         async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": -5.0}, "train", 1)
         deadline = time.monotonic() + BOUND_S
-        worker = async_tee.telemetry._LAST_WORKER
+        worker = pipeline.worker
         assert worker is not None
         worker.thread.join(BOUND_S)
         assert time.monotonic() < deadline
@@ -372,13 +372,7 @@ def test_fork_gives_the_child_its_own_working_pipeline():
     assert elapsed < 30
 
 
-def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(
-    provider, caplog, monkeypatch
-):
-    from async_tee import worker
-
-    monkeypatch.setitem(worker._last_loss_warning, "start", -1e9)
-    monkeypatch.setitem(worker._last_loss_warning, "recovery", -1e9)
+def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(provider, caplog):
     caplog.set_level(logging.DEBUG, logger="async_tee")
     async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0)
     for step in range(200):  # far faster than the worker can take the GIL: overflow
@@ -418,8 +412,7 @@ async def test_aflush_awaits_without_blocking_the_callers_loop(provider, reader)
 
 @pytest.mark.asyncio
 async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
-    async_tee.start_telemetry(provider)
-    worker = async_tee.telemetry._LAST_WORKER
+    worker = async_tee.start_telemetry(provider).worker
     assert worker is not None
     with worker.busy:  # hold the worker inside its batch: nothing can be recorded
         async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1)
@@ -430,8 +423,7 @@ async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
 def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
     # Each timer wake costs CPU (and a GIL hand-off) even with nothing to do: idle, the
     # worker doubles its sleep up to 1 s. At a fixed 10 ms it would wake ~100 times here.
-    async_tee.start_telemetry(provider, drain_interval_s=0.01)
-    worker = async_tee.telemetry._LAST_WORKER
+    worker = async_tee.start_telemetry(provider, drain_interval_s=0.01).worker
     assert worker is not None
     time.sleep(1.0)  # measuring idleness itself, not waiting for work to finish
     idle_wakes = worker.wakes

@@ -245,7 +245,7 @@ def test_gauge_none_is_skipped_and_keeps_the_last_value(meter, reader):
     record_metrics(meter, "g", {"g": 1.0})
     record_metrics(meter, "g", {"g": None})
     assert collect(reader) == {("rl.g", NO_ATTRS): 1.0}
-    assert registry.RegistryCounts() == registry.COUNTS
+    assert registry.RegistryCounts() == registry.instrument_registry(meter).counts
 
 
 def test_unrecorded_gauge_exports_nothing(meter, reader):
@@ -276,7 +276,7 @@ def test_up_down_counter(meter, reader):
     assert isinstance(found.data, Sum)
     assert found.data.is_monotonic is False
     assert [p.value for p in found.data.data_points] == [-2.0]
-    assert registry.COUNTS.rejected == 0
+    assert registry.instrument_registry(meter).counts.rejected == 0
 
 
 def test_histogram_arrives_with_its_buckets(meter, reader):
@@ -388,7 +388,7 @@ def test_unknown_key_warns_once_and_other_keys_still_record(meter, reader, logs)
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "missing" in message
-    assert registry.COUNTS.rejected == 2
+    assert registry.instrument_registry(meter).counts.rejected == 2
     assert collect(reader) == {("rl.g", NO_ATTRS): 2.0}
 
 
@@ -411,7 +411,7 @@ def test_non_numeric_value_warns_once(meter, reader, logs, value):
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.g" in message
-    assert registry.COUNTS.rejected == 2
+    assert registry.instrument_registry(meter).counts.rejected == 2
     # the gauge keeps its last good value; the other key is recorded
     assert collect(reader) == {("rl.g", NO_ATTRS): 1.0, ("rl.ok", NO_ATTRS): 3.0}
 
@@ -435,7 +435,7 @@ def test_bad_attributes_warn_once(meter, reader, logs, attributes):
         record_metrics(meter, "g", {"g": 1.0}, attributes)
 
     _assert_warned_once_then_debug(logs, rec, rec)
-    assert registry.COUNTS.rejected == 2
+    assert registry.instrument_registry(meter).counts.rejected == 2
     assert collect(reader) == {}
 
 
@@ -448,7 +448,7 @@ def test_negative_counter_delta_warns_once(meter, reader, logs):
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.c" in message
-    assert registry.COUNTS.rejected == 2
+    assert registry.instrument_registry(meter).counts.rejected == 2
     assert collect(reader) == {("rl.c", NO_ATTRS): 5.0}
 
 
@@ -462,7 +462,7 @@ def test_value_for_an_observable_key_warns_once(meter, reader, logs):
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.obs" in message
-    assert registry.COUNTS.rejected == 2
+    assert registry.instrument_registry(meter).counts.rejected == 2
     assert collect(reader) == {("rl.obs", attrs(src="cb")): 5.0}
 
 
@@ -489,7 +489,7 @@ def test_failing_observable_callback_warns_once_across_collections(meter, reader
     assert warning.exc_info is not None
     assert warning.exc_info[0] is RuntimeError
     assert len(records(logs, logging.DEBUG)) == 1
-    assert registry.COUNTS.errors == 2
+    assert registry.instrument_registry(meter).counts.errors == 2
     # the SDK never saw the exception: no traceback of its own per export
     assert otel_warnings(logs) == []
 
@@ -528,7 +528,7 @@ def test_instrument_the_sdk_refuses_warns_once_and_never_raises(logs, spec):
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.x" in message
     assert bad.attempts == 1  # not retried every record
-    assert registry.COUNTS.errors == 1
+    assert registry.instrument_registry(bad).counts.errors == 1
 
 
 def test_refused_instrument_creation_via_create_metric_instruments(logs):
@@ -590,7 +590,7 @@ def test_failed_emit_warns_once_and_other_keys_still_record(meter, reader, logs)
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.h" in message
-    assert registry.COUNTS.errors == 2
+    assert registry.instrument_registry(wrapped).counts.errors == 2
     assert collect(reader) == {("rl.g", NO_ATTRS): 2.0}
 
 
@@ -599,7 +599,7 @@ def test_values_that_are_not_a_mapping_never_raise(meter, logs):
     record_metrics(meter, "g", [("g", 1.0)])
     record_metrics(meter, "g", None)
     assert len(warnings(logs)) == 1
-    assert registry.COUNTS.errors == 2
+    assert registry.instrument_registry(meter).counts.errors == 2
 
 
 # ---------------------------------------------------------------------- non-finite values
@@ -613,8 +613,8 @@ def test_non_finite_withdraws_the_gauge_value_for_that_attribute_set(meter, read
     assert collect(reader) == {("rl.g", attrs(a="x")): 1.0, ("rl.g", attrs(a="y")): 2.0}
     record_metrics(meter, "g", {"g": bad}, {"a": "x"})
     assert collect(reader) == {("rl.g", attrs(a="y")): 2.0}
-    assert registry.COUNTS.non_finite == 1
-    assert registry.COUNTS.non_finite_by_series == {"rl.g": 1}
+    assert registry.instrument_registry(meter).counts.non_finite == 1
+    assert registry.instrument_registry(meter).counts.non_finite_by_series == {"rl.g": 1}
     # a finite value brings the series back
     record_metrics(meter, "g", {"g": 3.0}, {"a": "x"})
     assert collect(reader) == {("rl.g", attrs(a="x")): 3.0, ("rl.g", attrs(a="y")): 2.0}
@@ -639,8 +639,12 @@ def test_many_nan_records_are_counted_and_never_reach_the_sdk(meter, reader, log
     (hist,) = metric(reader, "rl.h").data.data_points
     assert hist.count == 1
     assert hist.sum == 3.0
-    assert registry.COUNTS.non_finite == 300
-    assert registry.COUNTS.non_finite_by_series == {"rl.g": 100, "rl.c": 100, "rl.h": 100}
+    assert registry.instrument_registry(meter).counts.non_finite == 300
+    assert registry.instrument_registry(meter).counts.non_finite_by_series == {
+        "rl.g": 100,
+        "rl.c": 100,
+        "rl.h": 100,
+    }
     assert otel_warnings(logs) == []
     assert warnings(logs) == []
 
@@ -651,7 +655,7 @@ def test_numpy_nan_is_non_finite_too(meter, reader):
     record_metrics(meter, "g", {"g": 1.0})
     record_metrics(meter, "g", {"g": np.float32("nan")})
     assert collect(reader) == {}
-    assert registry.COUNTS.non_finite_by_series == {"rl.g": 1}
+    assert registry.instrument_registry(meter).counts.non_finite_by_series == {"rl.g": 1}
 
 
 # ------------------------------------------------------------------------- cardinality
@@ -659,24 +663,24 @@ def test_numpy_nan_is_non_finite_too(meter, reader):
 
 @pytest.mark.parametrize("kind", ["gauge", "counter", "up_down_counter"])
 def test_cardinality_bound(meter, reader, logs, kind):
-    registry.set_max_attribute_sets(3)
+    registry.instrument_registry(meter).begin_session(3)
     register_metric_group("g", [MetricSpec("s", "rl.s", kind=kind)])
     for i in range(10):
         record_metrics(meter, "g", {"s": 1.0}, {"i": str(i)})
     points = collect(reader)
     assert set(points) == {("rl.s", attrs(i=str(i))) for i in range(3)}
-    assert registry.COUNTS.cardinality == 7
+    assert registry.instrument_registry(meter).counts.cardinality == 7
     (warning,) = warnings(logs)
     assert "rl.s" in warning.getMessage()
     # a set already admitted is still updated past the bound
     record_metrics(meter, "g", {"s": 5.0}, {"i": "0"})
-    assert registry.COUNTS.cardinality == 7
+    assert registry.instrument_registry(meter).counts.cardinality == 7
     expected = 5.0 if kind == "gauge" else 6.0
     assert collect(reader)[("rl.s", attrs(i="0"))] == expected
 
 
 def test_cardinality_bound_on_a_histogram(meter, reader, logs):
-    registry.set_max_attribute_sets(3)
+    registry.instrument_registry(meter).begin_session(3)
     register_metric_group("g", [MetricSpec("h", "rl.h", kind="histogram")])
     for i in range(10):
         record_metrics(meter, "g", {"h": 1.0}, {"i": str(i)})
@@ -687,24 +691,24 @@ def test_cardinality_bound_on_a_histogram(meter, reader, logs):
         ("1", 2),
         ("2", 1),
     ]
-    assert registry.COUNTS.cardinality == 7
+    assert registry.instrument_registry(meter).counts.cardinality == 7
     assert len(warnings(logs)) == 1
 
 
 def test_cardinality_bound_applies_to_series_created_afterwards(meter, reader):
     register_metric_group("g", [MetricSpec("s", "rl.s")])
     create_metric_instruments(meter, "g")
-    registry.set_max_attribute_sets(3)
+    registry.instrument_registry(meter).begin_session(3)
     for i in range(10):
         record_metrics(meter, "g", {"s": 1.0}, {"i": str(i)})
     assert len(collect(reader)) == 10
-    assert registry.COUNTS.cardinality == 0
+    assert registry.instrument_registry(meter).counts.cardinality == 0
 
 
 @pytest.mark.parametrize("limit", [0, -1])
-def test_set_max_attribute_sets_refuses_less_than_one(limit):
+def test_set_max_attribute_sets_refuses_less_than_one(meter, limit):
     with pytest.raises(ValueError, match="at least 1"):
-        registry.set_max_attribute_sets(limit)
+        registry.instrument_registry(meter).begin_session(limit)
 
 
 # --------------------------------------------------------------- create_metric_instruments
@@ -723,7 +727,7 @@ def test_create_metric_instruments_is_idempotent_and_exports_observables(provide
     assert points[("rl.c", NO_ATTRS)] == 2.0
     assert points[("rl.u", NO_ATTRS)] == -3.0
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert registry.RegistryCounts() == registry.COUNTS
+    assert registry.RegistryCounts() == registry.instrument_registry(provider.get_meter("t")).counts
 
 
 def test_observable_series_is_not_exported_without_create(meter, reader):

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from async_tee import reporting
-from async_tee.reporting import warn_once
+from async_tee import _reporting as reporting
+from async_tee._reporting import warn_once
 
 
 @pytest.fixture

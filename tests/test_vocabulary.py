@@ -10,7 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from async_tee import default_rows, vocabulary
+from async_tee import _default_rows as default_rows
+from async_tee import vocabulary
 from async_tee.vocabulary import (
     RecordedMetric,
     TeedMetric,
@@ -507,7 +508,7 @@ def test_one_call_may_replace_two_defaults_by_key_and_by_name():
 
 def test_a_default_is_not_replaced_by_another_default():
     with pytest.raises(ValueError, match="reward"):
-        register_teed_metrics([TeedMetric("reward", "rl.other.default")], _default=True)
+        vocabulary.declare_teed([TeedMetric("reward", "rl.other.default")], default=True)
     assert by_logger_key()["reward"] == "rl.reward.mean"
 
 

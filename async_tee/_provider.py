@@ -7,25 +7,46 @@ exit by ~20 s against a stalled collector, so async_tee registers its own, bound
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import TYPE_CHECKING, Any
 
+from async_tee._reporting import logger, warn_once
 from async_tee.config import Settings
-from async_tee.reporting import logger, warn_once
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 
-EXPORT_RESULTS = {"success": 0, "failure": 0}
-"""Export attempts of the providers async_tee built, by result (read by ``stats()``)."""
 
-_SERVERS: list[Any] = []  # Prometheus HTTP servers async_tee started, closed at shutdown
+def new_export_results() -> dict[str, int]:
+    """Export attempts by result, as a session counts them (read by ``stats()``)."""
+    return {"success": 0, "failure": 0}
 
 
-def close_servers() -> None:
+@dataclasses.dataclass
+class BuiltProvider:
+    """A provider async_tee built, with what it started: readers and HTTP servers."""
+
+    provider: MeterProvider
+    readers: list[MetricReader]
+    servers: list[Any]
+    server_threads: list[threading.Thread]
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads the provider's readers and servers run on."""
+        # The SDK's periodic reader keeps its thread in a private attribute; read it
+        # defensively, so a newer SDK that renames it only shortens this list.
+        readers = [getattr(reader, "_daemon_thread", None) for reader in self.readers]
+        found = [t for t in readers if isinstance(t, threading.Thread)]
+        return found + self.server_threads
+
+
+def close_servers(servers: list[Any]) -> None:
     """Stop the Prometheus HTTP servers async_tee started. Never raises."""
-    while _SERVERS:
-        server = _SERVERS.pop()
+    while servers:
+        server = servers.pop()
         try:
             server.shutdown()
             server.server_close()
@@ -33,7 +54,7 @@ def close_servers() -> None:
             warn_once("prometheus:close", "async_tee: closing the Prometheus server failed")
 
 
-def _tracked(exporter: MetricExporter) -> MetricExporter:
+def _tracked(exporter: MetricExporter, results: dict[str, int]) -> MetricExporter:
     """Wrap ``exporter`` so every export's result is counted: delivery becomes observable."""
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
@@ -53,7 +74,7 @@ def _tracked(exporter: MetricExporter) -> MetricExporter:
                 warn_once("export:raised", "async_tee: the metric exporter raised")
                 result = MetricExportResult.FAILURE
             ok = result is MetricExportResult.SUCCESS
-            EXPORT_RESULTS["success" if ok else "failure"] += 1
+            results["success" if ok else "failure"] += 1
             return result
 
         def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -88,7 +109,9 @@ def _otlp_exporter(settings: Settings) -> Any:
     )
 
 
-def _readers(settings: Settings) -> list[MetricReader]:
+def _readers(
+    settings: Settings, results: dict[str, int], servers: list[Any], threads: list[threading.Thread]
+) -> list[MetricReader]:
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
         PeriodicExportingMetricReader,
@@ -101,7 +124,7 @@ def _readers(settings: Settings) -> list[MetricReader]:
         elif name == "console":
             exporter = ConsoleMetricExporter()
         elif name == "prometheus":
-            reader = _prometheus_reader(settings)
+            reader = _prometheus_reader(settings, servers, threads)
             if reader is not None:
                 readers.append(reader)
             continue
@@ -109,7 +132,7 @@ def _readers(settings: Settings) -> list[MetricReader]:
             continue
         readers.append(
             PeriodicExportingMetricReader(
-                _tracked(exporter),
+                _tracked(exporter, results),
                 export_interval_millis=settings.export_interval_ms,
                 export_timeout_millis=settings.export_timeout_ms,
             )
@@ -117,7 +140,9 @@ def _readers(settings: Settings) -> list[MetricReader]:
     return readers
 
 
-def _prometheus_reader(settings: Settings) -> MetricReader | None:
+def _prometheus_reader(
+    settings: Settings, servers: list[Any], threads: list[threading.Thread]
+) -> MetricReader | None:
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
@@ -133,7 +158,8 @@ def _prometheus_reader(settings: Settings) -> MetricReader | None:
         # prometheus_client binds 0.0.0.0 by default: bind loopback unless told otherwise.
         served = start_http_server(settings.prometheus_port, addr=settings.prometheus_host)
         if isinstance(served, tuple):  # prometheus_client >= 0.20 returns (server, thread)
-            _SERVERS.append(served[0])
+            servers.append(served[0])
+            threads.append(served[1])
     except OSError:
         warn_once(
             "prometheus:bind",
@@ -144,8 +170,10 @@ def _prometheus_reader(settings: Settings) -> MetricReader | None:
     return reader
 
 
-def build_meter_provider(settings: Settings) -> MeterProvider:
+def build_meter_provider(settings: Settings, results: dict[str, int]) -> BuiltProvider:
     """Build a provider with the readers ``settings`` name, or none for ``none``.
+
+    Every export's result is counted into ``results`` (``success``/``failure``).
 
     Raises:
         Exception: Whatever the SDK raises on a bad setting; ``start_telemetry`` catches it.
@@ -154,6 +182,9 @@ def build_meter_provider(settings: Settings) -> MeterProvider:
     from opentelemetry.sdk.resources import Resource
 
     resource = Resource.create(dict(settings.resource_attributes))
-    readers = _readers(settings)
+    servers: list[Any] = []
+    threads: list[threading.Thread] = []
+    readers = _readers(settings, results, servers, threads)
     logger.debug("async_tee: built %d metric reader(s)", len(readers))
-    return MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    return BuiltProvider(provider, readers, servers, threads)

@@ -5,7 +5,7 @@ item's sequence number and appends it in the same indivisible step, so sequence 
 are strictly increasing along the deque whatever the number of producer threads. The
 deque's ``maxlen`` drops the oldest item on overflow; the worker finds out how many by the
 gap in sequence numbers when it next pops, so drop accounting is exact without the
-producer ever counting, locking or waking anyone (SEMANTICS 1; issue 3 for the figures).
+producer ever counting, locking or waking anyone (docs/semantics.md §6).
 
 Relies on the GIL: a free-threaded build would need a different hand-off.
 """
@@ -30,7 +30,15 @@ class DropOldestQueue(Generic[T]):
     Any number of threads may ``put``; exactly one (the worker) may ``pop_batch``.
     """
 
-    __slots__ = ("capacity", "counter", "extend", "high_water", "items", "on_high_water")
+    __slots__ = (
+        "caller_errors",
+        "capacity",
+        "counter",
+        "extend",
+        "high_water",
+        "items",
+        "on_high_water",
+    )
 
     def __init__(self, capacity: int, high_water: int | None = None) -> None:
         """Create a queue holding at most ``capacity`` items.
@@ -49,10 +57,12 @@ class DropOldestQueue(Generic[T]):
         self.high_water = max(1, capacity * 3 // 4) if high_water is None else high_water
         self.items: deque[tuple[T, int]] = deque(maxlen=capacity)
         self.counter = itertools.count()
-        # Bound once, so a producer's hot path is attribute loads and one C call; the tee
-        # inlines put() for the same reason.
+        # Bound once, so a producer's hot path is attribute loads and one C call.
         self.extend: Callable[[Any], None] = self.items.extend
         self.on_high_water: Callable[[], None] = _nothing
+        # Puts that failed on the caller's side (the snapshot could not be taken): counted
+        # by the caller's except clause, so the hand-off accounts for every call.
+        self.caller_errors = 0
 
     def put(self, item: T) -> None:
         """Append ``item``, dropping the oldest if full. Never blocks; safe from any thread."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from async_tee.demo import DemoResult
+    from async_tee.demo.runner import DemoResult
 
 __all__ = ["render_result"]
 

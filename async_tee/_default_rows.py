@@ -8,14 +8,15 @@ replaces the category map. Both must happen before telemetry starts.
 
 from __future__ import annotations
 
-from async_tee.mapping import (
+from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
-    set_efficiency_categories,
+    TeedMetric,
 )
-from async_tee.vocabulary import INIT_TOTAL_CATEGORY, TeedMetric, register_teed_metrics
+from async_tee._mapping import set_efficiency_categories
+from async_tee.vocabulary import INIT_TOTAL_CATEGORY, declare_teed
 
 TRAINING_SCALARS = (
     TeedMetric("reward", "rl.reward.mean", description="Mean reward of the step's samples."),
@@ -32,7 +33,7 @@ TRAINING_SCALARS = (
     TeedMetric("grad_norm", "rl.grad_norm", description="Gradient norm."),
     TeedMetric("lr", "rl.learning_rate", description="Learning rate."),
 )
-"""SEMANTICS 3a: gauges, no attributes."""
+"""docs/semantics.md §3a: gauges, no attributes."""
 
 VLLM_DELTAS = (
     TeedMetric(
@@ -76,7 +77,7 @@ VLLM_DELTAS = (
         description="Mean generation length this step.",
     ),
 )
-"""SEMANTICS 3b: per-step deltas of the engine's counters (counters) and two gauges."""
+"""docs/semantics.md §3b: per-step deltas of the engine's counters (counters) and two gauges."""
 
 EFFICIENCY_CATEGORIES = {
     INIT_TOTAL_CATEGORY: EfficiencyCategory(WALL_CLOCK_MEASUREMENT, "overhead"),
@@ -88,12 +89,12 @@ EFFICIENCY_CATEGORIES = {
     "idle/generation_limit_pause": EfficiencyCategory(COLLECTOR_WALL_CLOCK_MEASUREMENT, "idle"),
     "idle/refit_event_wait": EfficiencyCategory(COLLECTOR_WALL_CLOCK_MEASUREMENT, "idle"),
 }
-"""SEMANTICS 3c: the known efficiency categories, their measurement kind and bucket."""
+"""docs/semantics.md §3c: the known efficiency categories, their measurement kind and bucket."""
 
 
 def declare_defaults() -> None:
     """Declare the shipped rows and categories (idempotent; done at ``import async_tee``)."""
-    register_teed_metrics(TRAINING_SCALARS + VLLM_DELTAS, _default=True)
+    declare_teed(TRAINING_SCALARS + VLLM_DELTAS, default=True)
     set_efficiency_categories(EFFICIENCY_CATEGORIES)
 
 

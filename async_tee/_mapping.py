@@ -6,27 +6,42 @@ categories: each mapper takes a dict and returns a new one, so it is table-testa
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from async_tee import vocabulary
-from async_tee.vocabulary import RUN_WINDOW_WALL_CLOCK_CATEGORIES, TeedMetric, as_scalar
-
-WALL_CLOCK_MEASUREMENT = "wall_clock"
-"""The driver's own sequential clock: safe to sum against the step's wall time."""
-
-COLLECTOR_WALL_CLOCK_MEASUREMENT = "collector_wall_clock"
-"""Sequential, but on another process's timeline: read per phase, never add up."""
-
-THREAD_SECONDS_MEASUREMENT = "thread_seconds"
-"""Accumulated across concurrent threads; may exceed wall time (a saturation signal)."""
-
-MEASUREMENT_KINDS = (
-    WALL_CLOCK_MEASUREMENT,
+from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
+    DECLARATIONS,
+    MEASUREMENT_KINDS,
     THREAD_SECONDS_MEASUREMENT,
+    WALL_CLOCK_MEASUREMENT,
+    EfficiencyCategory,
+    TeedMetric,
 )
+from async_tee.vocabulary import RUN_WINDOW_WALL_CLOCK_CATEGORIES, as_scalar, teed_metrics
+
+__all__ = [
+    "COLLECTOR_WALL_CLOCK_MEASUREMENT",
+    "EFFICIENCY_KEY_PREFIX",
+    "EFFICIENCY_PCT_IS_PER_STEP_KEY",
+    "EFFICIENCY_PCT_KEY",
+    "EFFICIENCY_SECONDS_SUFFIX",
+    "MEASUREMENT_KINDS",
+    "RUN_WINDOW",
+    "STEP_WINDOW",
+    "THREAD_SECONDS_MEASUREMENT",
+    "WALL_CLOCK_MEASUREMENT",
+    "EfficiencyCategory",
+    "efficiency_categories",
+    "efficiency_measurements",
+    "efficiency_window",
+    "map_efficiency_pct",
+    "map_efficiency_seconds",
+    "map_setup_seconds",
+    "map_teed_scalars",
+    "set_efficiency_categories",
+    "setup_phase",
+]
 
 STEP_WINDOW = "step"
 """The value covers the current step (the driver resets its timer every step)."""
@@ -40,22 +55,6 @@ EFFICIENCY_PCT_KEY = "efficiency/efficiency_pct"
 EFFICIENCY_PCT_IS_PER_STEP_KEY = "efficiency/efficiency_pct_is_per_step"
 
 _SETUP_SUFFIXES = ("_time_s", "_s")
-
-
-@dataclasses.dataclass(frozen=True)
-class EfficiencyCategory:
-    """How one efficiency category is measured, and which bucket it sums into.
-
-    Attributes:
-        measurement: One of :data:`MEASUREMENT_KINDS`.
-        bucket: The ``rl.bucket`` attribute (``idle``, ``wasted``, ``overhead``), or None.
-    """
-
-    measurement: str
-    bucket: str | None = None
-
-
-_CATEGORIES: dict[str, EfficiencyCategory] = {}
 
 
 def set_efficiency_categories(categories: Mapping[str, EfficiencyCategory | str]) -> None:
@@ -81,19 +80,19 @@ def set_efficiency_categories(categories: Mapping[str, EfficiencyCategory | str]
                 f"{MEASUREMENT_KINDS}, got {spec!r}"
             )
         parsed[category] = spec
-    vocabulary._check_not_frozen("rl.efficiency.seconds")
-    _CATEGORIES.clear()
-    _CATEGORIES.update(parsed)
+    DECLARATIONS.check_not_frozen("rl.efficiency.seconds")
+    DECLARATIONS.categories.clear()
+    DECLARATIONS.categories.update(parsed)
 
 
 def efficiency_categories() -> dict[str, EfficiencyCategory]:
     """Every known efficiency category with its measurement and bucket."""
-    return dict(_CATEGORIES)
+    return dict(DECLARATIONS.categories)
 
 
 def efficiency_measurements() -> dict[str, str]:
     """Map each known efficiency category to its measurement kind."""
-    return {category: spec.measurement for category, spec in _CATEGORIES.items()}
+    return {category: spec.measurement for category, spec in DECLARATIONS.categories.items()}
 
 
 def efficiency_window(category: str, measurement: str) -> str:
@@ -191,7 +190,7 @@ def map_teed_scalars(
         never zero.
     """
     out: dict[str, float] = {}
-    for row in vocabulary.teed_metrics() if rows is None else rows:
+    for row in teed_metrics() if rows is None else rows:
         raw = metrics.get(row.logger_key)
         if raw is None:
             continue

@@ -1,4 +1,4 @@
-"""Owns the demo: a simulated GRPO run logged through ``Logger`` and exported over real OTLP.
+"""The demo runner: a simulated GRPO run logged through ``Logger``, exported over real OTLP.
 
 The run makes the calls a real one makes, from the threads a real one makes them on: the
 training loop (``timing/setup`` once, then per step ``train`` twice, ``performance``, the
@@ -9,10 +9,9 @@ OTLP/gRPC to an embedded :class:`~async_tee.sink.OtlpSink` on an ephemeral port,
 what the sink received and what the calls cost the training thread.
 
 ``async-tee demo`` runs it; :func:`run` returns a :class:`DemoResult` a test can check.
-OpenTelemetry, gRPC and asyncio load only when :func:`run` is called. This module is the
-demo's public face and its run; the values come from :mod:`async_tee.demo_simulation`, the
-per-call timing from :mod:`async_tee.demo_timing`, and :func:`render_result` from
-:mod:`async_tee.demo_report`.
+OpenTelemetry, gRPC and asyncio load only when :func:`run` is called. The values come from
+:mod:`async_tee.demo.simulation`, the per-call timing from :mod:`async_tee.demo.timing`,
+and :func:`render_result` from :mod:`async_tee.demo.report`.
 """
 
 from __future__ import annotations
@@ -27,16 +26,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from async_tee import default_rows, metrics, telemetry
-from async_tee.demo_report import render_result
-from async_tee.demo_simulation import GrpoSimulation
-from async_tee.demo_timing import TimedLogger, latency_by_prefix, percentiles_us
+from async_tee import _default_rows, _series, _telemetry
+from async_tee.demo.simulation import GrpoSimulation
+from async_tee.demo.timing import TimedLogger, latency_by_prefix, percentiles_us
 from async_tee.logger import JsonlBackend
 
 if TYPE_CHECKING:
     from async_tee.sink import OtlpSink
 
-__all__ = ["DemoResult", "ReceivedSeries", "render_result", "run"]
+__all__ = ["DemoResult", "ReceivedSeries", "run"]
 
 DEFAULT_STEPS = 20
 DEFAULT_STEP_SECONDS = 0.5
@@ -44,7 +42,7 @@ EXPORT_INTERVAL_MS = 1000
 """``OTEL_METRIC_EXPORT_INTERVAL`` for the embedded sink: the sink sees data every second."""
 
 _CALL_TIMEOUT_S = 30.0  # how long the loop waits for the event-loop caller; never reached
-_LEADING = frozenset((metrics.RL_EFFICIENCY_CATEGORY_ATTR, metrics.RL_SETUP_PHASE_ATTR))
+_LEADING = frozenset((_series.RL_EFFICIENCY_CATEGORY_ATTR, _series.RL_SETUP_PHASE_ATTR))
 _ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
 
 
@@ -167,15 +165,15 @@ class _EventLoopThread:
 def _expected_defaults(setup_phases: list[str]) -> list[tuple[str, dict[str, str]]]:
     """(series, required attributes) of every default series a run must deliver."""
     expected: list[tuple[str, dict[str, str]]] = [
-        (row.name, {}) for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS
+        (row.name, {}) for row in _default_rows.TRAINING_SCALARS + _default_rows.VLLM_DELTAS
     ]
     expected += [
-        (metrics.RL_EFFICIENCY_SECONDS_METRIC, {metrics.RL_EFFICIENCY_CATEGORY_ATTR: category})
-        for category in default_rows.EFFICIENCY_CATEGORIES
+        (_series.EFFICIENCY_SECONDS.name, {_series.RL_EFFICIENCY_CATEGORY_ATTR: category})
+        for category in _default_rows.EFFICIENCY_CATEGORIES
     ]
-    expected.append((metrics.RL_EFFICIENCY_PCT_METRIC, {}))
+    expected.append((_series.EFFICIENCY_PCT.name, {}))
     expected += [
-        (metrics.RL_SETUP_DURATION_METRIC, {metrics.RL_SETUP_PHASE_ATTR: phase})
+        (_series.SETUP_DURATION.name, {_series.RL_SETUP_PHASE_ATTR: phase})
         for phase in setup_phases
     ]
     return expected
@@ -266,7 +264,7 @@ def run(
         raise ValueError(f"steps must be at least 1, got {steps}")
     if not step_seconds >= 0 or not shutdown_timeout_s >= 0:
         raise ValueError("step_seconds and shutdown_timeout_s must be >= 0")
-    if telemetry._STATE is not None:
+    if _telemetry.active() is not None:
         raise RuntimeError("async_tee telemetry is already running; the demo starts its own")
     base_env = dict(os.environ if environ is None else environ)
     external = any(base_env.get(name, "").strip() for name in _ENDPOINT_VARIABLES)
@@ -423,7 +421,7 @@ def _run(
     # The event-loop caller is the async trainer's own loop: its calls are training time too.
     training_calls = [total for _, _, total, role in logger.samples if role != "monitor"]
     counter_checks: dict[str, dict[str, float | None]] = {}
-    for row in default_rows.VLLM_DELTAS:
+    for row in _default_rows.VLLM_DELTAS:
         if row.kind != "counter":
             continue
         received = None

@@ -1,8 +1,8 @@
 """Owns ``OtlpSink``, a real OTLP metrics receiver (gRPC + HTTP) for tests, demos and benchmarks.
 
-Its servers hand each export request to :func:`~async_tee.otlp_points.received_points` and
-store the :class:`ReceivedPoint` records that come back (re-exported here, where users look
-for them). ``black_hole`` is the opposite: a collector that never answers.
+Its servers hand each export request to :func:`~async_tee.sink.points.received_points` and
+store the :class:`ReceivedPoint` records that come back. ``black_hole`` is the opposite:
+a collector that never answers.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from async_tee.otlp_points import ReceivedPoint, received_points
+from async_tee.sink.points import ReceivedPoint, received_points
 
-__all__ = ["OtlpSink", "ReceivedPoint", "black_hole"]
+__all__ = ["OtlpSink", "black_hole"]
 
 _logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from async_tee.handoff import DropOldestQueue
-from async_tee.reporting import logger, warn_once
+from async_tee._handoff import DropOldestQueue
+from async_tee._reporting import logger, warn_once
 
 BATCH_SIZE = 256
 """Items popped per slice of a drain, so a flood cannot hold the loop indefinitely."""
@@ -36,16 +36,24 @@ LOSS_WARNING_INTERVAL_S = 60.0
 """At most one overflow warning of each kind (start, recovery) per this many seconds, so a
 queue that flaps cannot flood the log; the rest go to debug."""
 
-_last_loss_warning = {"start": -LOSS_WARNING_INTERVAL_S, "recovery": -LOSS_WARNING_INTERVAL_S}
 
+class EpisodeLog:
+    """Warns at most once per ``interval_s`` for each kind of episode; debug otherwise."""
 
-def _log_episode(kind: str, message: str, *args: object) -> None:
-    now = time.monotonic()
-    if now - _last_loss_warning[kind] >= LOSS_WARNING_INTERVAL_S:
-        _last_loss_warning[kind] = now
-        logger.warning(message, *args)
-    else:
-        logger.debug(message, *args)
+    __slots__ = ("interval_s", "last")
+
+    def __init__(self, interval_s: float = LOSS_WARNING_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.last: dict[str, float] = {}
+
+    def log(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self.last.get(kind)
+        if last is None or now - last >= self.interval_s:
+            self.last[kind] = now
+            logger.warning(message, *args)
+        else:
+            logger.debug(message, *args)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -102,6 +110,7 @@ class Worker:
         self._overflow_seen = 0
         self.wakes = 0  # loop iterations: timer wakes, high-water wakes, flushes
         self._loss_started_at: int | None = None
+        self.episodes = EpisodeLog()
         self._ready = threading.Event()
         # Held while items are processed, so os.fork() can wait for a clean point instead
         # of leaving the child an SDK lock held by a worker that no longer exists.
@@ -216,7 +225,7 @@ class Worker:
         if overflow > self._overflow_seen:
             if self._loss_started_at is None:
                 self._loss_started_at = self._overflow_seen
-                _log_episode(
+                self.episodes.log(
                     "start",
                     "async_tee: the hand-off queue (%d dicts) overflowed: the oldest dicts "
                     "are being dropped and counted (async_tee.dropped{reason=overflow}); "
@@ -225,7 +234,7 @@ class Worker:
                 )
             self._overflow_seen = overflow
         elif self._loss_started_at is not None:
-            _log_episode(
+            self.episodes.log(
                 "recovery",
                 "async_tee: the hand-off queue has recovered: %d dicts were dropped while "
                 "it overflowed (%d since start)",

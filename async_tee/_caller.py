@@ -1,0 +1,103 @@
+"""The training thread's side of the pipeline: the only code a caller of the tee runs.
+
+``tee_rl_metrics_to_otel`` and ``record_rl_metrics`` check their input, take a snapshot
+and put it on the session's hand-off queue: no mapping, no OTel call, no lock shared with
+the worker, no syscall, no wake-up unless a burst is about to overflow the queue. The
+queue is the one piece of session state the caller reads: :data:`_QUEUE`, written only
+when a session starts, ends or is re-made after ``fork`` (docs/semantics.md §1, §2, §6).
+
+A snapshot is a plain tuple of one of two shapes, each slot with one meaning and the
+enqueue time last: :data:`TeedDict` or :data:`RecordedValues`. (A ``NamedTuple`` would
+cost the caller ~0.2 µs more per call, measured on the fixture's 68-key dict.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from time import monotonic_ns
+from typing import Any, TypeAlias
+
+from async_tee._handoff import DropOldestQueue
+from async_tee._reporting import warn_once
+
+TRAIN_PREFIXES: tuple[str | None, ...] = ("train", "")
+"""Prefixes of the per-step dicts (the training scalars and the efficiency dict)."""
+
+SETUP_PREFIX = "timing/setup"
+"""Prefix of the start-up phases dict, logged once at step 0."""
+
+# None counts as "" (docs/semantics.md §2); every other prefix returns before any copy.
+_TEED_PREFIXES = frozenset((*TRAIN_PREFIXES, None, SETUP_PREFIX))
+
+TeedDict: TypeAlias = "tuple[dict[Any, Any], str, Any, int]"
+"""``(metrics, prefix, step, enqueued_ns)``: one dict handed to the tee."""
+
+RecordedValues: TypeAlias = "tuple[dict[Any, Any], dict[Any, Any] | None, int]"
+"""``(values, attributes, enqueued_ns)``: one ``record_rl_metrics`` call."""
+
+Snapshot: TypeAlias = "TeedDict | RecordedValues"
+
+# The running session's queue, or None: the tee's only gate (one global read). Written
+# only by the session's start, shutdown and after-fork code, never by the caller.
+_QUEUE: DropOldestQueue[Snapshot] | None = None
+
+
+def attach(queue: DropOldestQueue[Snapshot] | None) -> None:
+    """Point the tee at ``queue`` (None turns it off). Only the session lifecycle calls this."""
+    global _QUEUE
+    _QUEUE = queue
+
+
+def attached() -> DropOldestQueue[Snapshot] | None:
+    """The queue the tee puts on now, or None."""
+    return _QUEUE
+
+
+def tee_rl_metrics_to_otel(
+    metrics: Mapping[str, Any], prefix: str | None, step: Any = None
+) -> None:
+    """Mirror one logged dict into OTel, later, on the worker. No-op unless exporting.
+
+    On the caller's thread this only checks the prefix, copies the dict (callers mutate
+    dicts after logging them) and puts the copy with a monotonic timestamp on the bounded
+    drop-oldest queue: no mapping, no OTel call, no lock shared with the worker, no
+    wake-up unless a burst is about to overflow the queue. Safe from any thread and from
+    inside a running event loop.
+
+    Args:
+        metrics: The dict handed to ``Logger.log_metrics``.
+        prefix: Its prefix; only ``train``, ``""`` (or None) and ``timing/setup`` are teed.
+        step: The step the Logger passes; counter deltas count once per step and key.
+
+    Never raises: ``Logger.log_metrics`` calls it unguarded on every step.
+    """
+    queue = _QUEUE
+    if queue is None:
+        return
+    try:
+        if prefix not in _TEED_PREFIXES:
+            return
+        queue.put((dict(metrics), prefix or "", step, monotonic_ns()))
+    except Exception:  # noqa: BLE001 - never raise into training
+        queue.caller_errors += 1
+        warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")
+
+
+def record_rl_metrics(
+    values: Mapping[str, float],
+    attributes: Mapping[str, str] | None = None,
+) -> None:
+    """Record declared series by registry key. No-op unless exporting. Never raises.
+
+    For values that never pass through ``Logger.log_metrics`` and so have no teed row;
+    declare them with ``register_recorded_metrics`` first. Like the tee, this only
+    snapshots and enqueues: the worker records. Safe from any thread.
+    """
+    queue = _QUEUE
+    if queue is None:
+        return
+    try:
+        queue.put((dict(values), None if attributes is None else dict(attributes), monotonic_ns()))
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        queue.caller_errors += 1
+        warn_once("record_rl_metrics", "async_tee: record_rl_metrics failed; values dropped")

@@ -1,0 +1,294 @@
+"""One telemetry session, owned by one object: the :class:`Pipeline`.
+
+``start_telemetry`` creates a pipeline and ``shutdown_telemetry`` ends it. It holds
+everything a session owns: the settings, the provider (and whether async_tee built it),
+the meter and its instrument registry, the RL recorder, the hand-off queue and the worker,
+the export results, the Prometheus servers, and so the threads. Nothing of a session
+outlives it (docs/semantics.md §7); the declarations it reads belong to the process.
+
+The data flows one way through it: the caller's snapshot (``_caller``) -> the queue
+(``_handoff``) -> the worker (``_worker``) -> :meth:`Pipeline.process` -> the recorder
+(``_recorder``: mapping, de-duplication) -> the registry (instruments) -> OTel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from async_tee import _caller, _series
+from async_tee._caller import Snapshot
+from async_tee._declarations import DECLARATIONS
+from async_tee._handoff import DropOldestQueue
+from async_tee._mapping import efficiency_categories
+from async_tee._provider import (
+    BuiltProvider,
+    build_meter_provider,
+    close_servers,
+    new_export_results,
+)
+from async_tee._recorder import CountedSteps, RLRecorder
+from async_tee._reporting import warn_once
+from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._selfmetrics import self_metric_specs
+from async_tee._version import __version__
+from async_tee.config import Settings
+from async_tee.registry import (
+    InstrumentRegistry,
+    RegistryCounts,
+    instrument_registry,
+    register_metric_group,
+)
+from async_tee.vocabulary import teed_metrics
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter, MeterProvider
+
+    from async_tee._worker import Worker
+
+FORK_PAUSE_S = 1.0
+"""How long ``os.fork()`` waits for the worker to finish the batch in hand."""
+
+
+class Pipeline:
+    """A telemetry session: what ``start_telemetry`` returns and ``shutdown_telemetry`` ends.
+
+    Attributes:
+        settings: The effective configuration.
+        meter_provider: The provider recorded into (None while disabled or on failure).
+        owns_provider: Whether async_tee built the provider (and so shuts it down).
+        meter: async_tee's meter on that provider.
+        instruments: The meter's instrument registry (per-session counts).
+        recorder: Maps and records snapshots (per-session counter de-duplication).
+        queue: The hand-off queue the tee puts on while this session runs.
+        worker: The worker draining it.
+        export_results: Export attempts of the provider async_tee built, by result.
+    """
+
+    def __init__(self, settings: Settings, meter_provider: MeterProvider | None = None) -> None:
+        """A session not started yet; :meth:`start` starts it."""
+        self.settings = settings
+        self.meter_provider = meter_provider
+        self.owns_provider = False
+        self.meter: Meter | None = None
+        self.instruments: InstrumentRegistry | None = None
+        self.recorder: RLRecorder | None = None
+        self.queue: DropOldestQueue[Snapshot] | None = None
+        self.worker: Worker | None = None
+        self.export_results = new_export_results()
+        self._built: BuiltProvider | None = None
+        self._lag_values: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, export_stats: Any) -> bool:
+        """Build or adopt the provider, create the instruments, start the worker.
+
+        Args:
+            export_stats: The stats source of the ``async_tee.*`` callbacks, registered
+                with the self-series group the first time a session starts.
+
+        Returns:
+            Whether the tee is live. False (warned once) leaves it a no-op.
+
+        Raises:
+            Exception: Whatever the SDK raises on a bad setting; ``start_telemetry``
+                catches it and leaves the tee a no-op.
+        """
+        if self.meter_provider is None:
+            self._built = build_meter_provider(self.settings, self.export_results)
+            self.meter_provider = self._built.provider
+            self.owns_provider = True
+        meter = self.meter_provider.get_meter("async_tee", __version__)
+        self.meter = meter
+        self.instruments = instrument_registry(meter)
+        self.instruments.begin_session(self.settings.max_attribute_sets)
+        if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
+            register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs(export_stats))
+        self.instruments.create(_series.SELF_METRIC_GROUP)
+        if not ensure_metric_group_registered():
+            return False
+        self.instruments.create(RL_METRIC_GROUP)
+        self.recorder = RLRecorder(self.instruments, teed_metrics(), efficiency_categories())
+        return self._start_worker()
+
+    def _start_worker(self) -> bool:
+        """Start a worker on a fresh queue and point the tee at it: from here it is live."""
+        from async_tee._worker import Worker  # asyncio loads here, not at import async_tee
+
+        queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
+        worker = Worker(queue, self.process, self.settings.drain_interval_s, self.on_lag)
+        queue.on_high_water = worker.wake
+        if not worker.start():
+            warn_once("worker:start", "async_tee: the worker did not start; the tee stays off")
+            return False
+        self.queue = queue
+        self.worker = worker
+        _caller.attach(queue)
+        return True
+
+    def detach(self) -> None:
+        """Turn the tee off for this session (it stops enqueuing at once)."""
+        if _caller.attached() is self.queue:
+            _caller.attach(None)
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Drain, then shut down the provider async_tee built, all within ``timeout_s``.
+
+        Half the budget at most goes to draining; the rest is the final export's.
+
+        Returns:
+            Whether everything was delivered (see ``shutdown_telemetry``).
+        """
+        self.detach()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        recorded = True
+        if self.worker is not None:
+            recorded = self.worker.stop(max(0.0, (deadline - time.monotonic()) / 2))
+        return self._shutdown_provider(deadline) and recorded
+
+    def _shutdown_provider(self, deadline: float) -> bool:
+        """Shut down a provider async_tee built, within ``deadline`` even if the SDK is not."""
+        provider = self.meter_provider
+        if provider is None or not self.owns_provider:
+            return True
+        results = self.export_results
+        successes_before, failures_before = results["success"], results["failure"]
+        # Delivery needs evidence: the final export (made by provider.shutdown) succeeded. A
+        # reader stuck in an earlier export never makes it, and then nothing was delivered.
+        pushes = any(name in ("otlp", "console") for name in self.settings.exporters)
+        outcome: list[bool] = []
+
+        def run() -> None:
+            try:
+                remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+                provider.shutdown(timeout_millis=remaining_ms)  # type: ignore[attr-defined]
+                outcome.append(True)
+            except Exception:  # noqa: BLE001 - the SDK's shutdown can raise
+                warn_once("shutdown:provider", "async_tee: shutting down the MeterProvider failed")
+                outcome.append(False)
+
+        thread = threading.Thread(target=run, name="async-tee-shutdown", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if self._built is not None:
+            close_servers(self._built.servers)
+        exported = not pushes or results["success"] > successes_before
+        return bool(outcome and outcome[0]) and exported and results["failure"] == failures_before
+
+    # ------------------------------------------------------------------ the worker's calls
+
+    def process(self, snapshot: Snapshot) -> None:
+        """Record one snapshot (the worker's callback)."""
+        recorder = self.recorder
+        assert recorder is not None
+        if len(snapshot) == 4:
+            recorder.tee(snapshot[0], snapshot[1], snapshot[2])
+        else:
+            recorder.record(snapshot[0], snapshot[1])
+
+    def on_lag(self, lag_ms: float) -> None:
+        """Record one snapshot's enqueue-to-record lag (the worker's callback)."""
+        if self.instruments is not None:
+            self._lag_values[_series.LAG_KEY] = lag_ms
+            self.instruments.record(_series.SELF_METRIC_GROUP, self._lag_values)
+
+    # ------------------------------------------------------------------ reading it
+
+    @property
+    def is_exporting(self) -> bool:
+        """Whether the tee is live: telemetry started, enabled, and not shut down."""
+        return self.queue is not None and _caller.attached() is self.queue
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads this session started: the worker, the provider's readers, servers."""
+        found = [self.worker.thread] if self.worker is not None else []
+        return found + (self._built.threads if self._built is not None else [])
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every snapshot put before this call is recorded (see ``flush``)."""
+        return True if self.worker is None else self.worker.flush(timeout_s)
+
+    async def aflush(self, timeout_s: float) -> bool:
+        """``flush`` for a coroutine: awaits instead of blocking its loop."""
+        return True if self.worker is None else await self.worker.aflush(timeout_s)
+
+    def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
+        """This session's figures (see ``async_tee.stats``); the lag sort is optional."""
+        worker, queue, instruments = self.worker, self.queue, self.instruments
+        counts = worker.counts if worker is not None else None
+        enqueued = queue.enqueued() if queue is not None else 0
+        dropped_by_reason = {
+            "overflow": counts.overflow if counts else 0,
+            "error": counts.errors if counts else 0,
+            "shutdown": counts.shutdown if counts else 0,
+        }
+        dropped = sum(dropped_by_reason.values())
+        recorded = counts.recorded if counts else 0
+        lags = sorted(worker.lags_ms) if worker is not None and lag_percentiles else []
+
+        def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
+            return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
+
+        rc = instruments.counts if instruments is not None else None
+        return {
+            "enqueued": enqueued,
+            "recorded": recorded,
+            "dropped": dropped,
+            "pending": enqueued - recorded - dropped,
+            "capacity": queue.capacity if queue is not None else 0,
+            "dropped_by_reason": dropped_by_reason,
+            "lag_ms": {
+                "p50": pick(0.5),
+                "p99": pick(0.99),
+                "max": worker.max_lag_ms if worker is not None else 0.0,
+                "samples": len(lags),
+            },
+            "values_skipped": {
+                "non_finite": rc.non_finite if rc else 0,
+                "rejected": rc.rejected if rc else 0,
+                "cardinality": rc.cardinality if rc else 0,
+            },
+            "non_finite_by_series": dict(rc.non_finite_by_series) if rc else {},
+            "errors": {
+                "tee": queue.caller_errors if queue is not None else 0,
+                "registry": rc.errors if rc else 0,
+            },
+            "exports": dict(self.export_results),
+            "exporting": self.is_exporting,
+        }
+
+    # ------------------------------------------------------------------ fork
+
+    def before_fork(self) -> None:
+        """Let the worker finish its batch, so the child inherits no lock it holds."""
+        if self.worker is not None:
+            self.worker.busy.acquire(timeout=FORK_PAUSE_S)
+
+    def after_fork_in_parent(self) -> None:
+        """Let the worker go on."""
+        if self.worker is not None and self.worker.busy.locked():
+            with contextlib.suppress(RuntimeError):
+                self.worker.busy.release()
+
+    def after_fork_in_child(self) -> None:
+        """Go on as the child's own session: a fresh queue, worker, counts and step memory.
+
+        Nothing of the parent's queue is replayed, and the parent's last values were
+        dropped with the registry's tables, so the child exports only what it records.
+        """
+        _caller.attach(None)
+        if self.worker is None or self.recorder is None or self.instruments is None:
+            return
+        self.instruments.counts = RegistryCounts()
+        self.recorder.counted = CountedSteps()
+        for result in self.export_results:
+            self.export_results[result] = 0
+        try:
+            self._start_worker()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
+            warn_once("fork", "async_tee: could not restart the worker after fork")

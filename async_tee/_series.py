@@ -1,0 +1,192 @@
+"""Every series async_tee defines itself, each stated once.
+
+Each is stated with its name, kind, unit, description, attributes and logger key. The teed and recorded rows are declared by their owners (:mod:`async_tee.vocabulary`);
+the series here are the ones async_tee derives or reports on its own behalf: the
+efficiency and start-up families (docs/semantics.md §3c, §3d) and the ``async_tee.*``
+self-series (§6). The catalog, the Prometheus collision check, the registry's specs and
+the demo's expectations are all projections of these tuples. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+RL_EFFICIENCY_SECONDS_METRIC = "rl.efficiency.seconds"
+RL_EFFICIENCY_PCT_METRIC = "rl.efficiency.pct"
+RL_SETUP_DURATION_METRIC = "rl.setup.duration"
+
+RL_EFFICIENCY_CATEGORY_ATTR = "rl.efficiency.category"
+RL_EFFICIENCY_MEASUREMENT_ATTR = "rl.efficiency.measurement"
+RL_EFFICIENCY_WINDOW_ATTR = "rl.efficiency.window"
+RL_BUCKET_ATTR = "rl.bucket"
+RL_SETUP_PHASE_ATTR = "rl.setup.phase"
+
+SELF_METRIC_GROUP = "async_tee"
+"""The registry group of the ``async_tee.*`` series."""
+
+LAG_KEY = "lag"
+LAG_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
+"""Enqueue-to-record lag boundaries in milliseconds (the drain timer is 50 ms by default)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One series async_tee defines itself.
+
+    Attributes:
+        key: The registry key it is recorded against (a Python identifier).
+        name: The OTel series name.
+        kind: The registry kind (``gauge``, ``histogram``, ``observable_counter``, ...).
+        unit: The OTel unit, or empty.
+        description: Help text carried to the backend.
+        attributes: The attribute keys its points carry (``rl.bucket`` only on the
+            efficiency categories that have a bucket).
+        logger_key: The ``Logger`` key or key pattern it reads; empty for self-series.
+        stats_field: For self-series, the ``stats()`` field an export reads it from.
+    """
+
+    key: str
+    name: str
+    kind: str
+    unit: str
+    description: str
+    attributes: tuple[str, ...] = ()
+    logger_key: str = ""
+    stats_field: str = ""
+
+    @property
+    def triple(self) -> tuple[str, str, str]:
+        """``(name, kind, unit)``, what the Prometheus collision check reads."""
+        return (self.name, self.kind, self.unit)
+
+
+EFFICIENCY_SECONDS = Series(
+    "efficiency_seconds",
+    RL_EFFICIENCY_SECONDS_METRIC,
+    "gauge",
+    "s",
+    "Seconds spent per efficiency category (async runs).",
+    (
+        RL_EFFICIENCY_CATEGORY_ATTR,
+        RL_EFFICIENCY_MEASUREMENT_ATTR,
+        RL_EFFICIENCY_WINDOW_ATTR,
+        RL_BUCKET_ATTR,
+    ),
+    "efficiency/<category>_s",
+)
+EFFICIENCY_PCT = Series(
+    "efficiency_pct",
+    RL_EFFICIENCY_PCT_METRIC,
+    "gauge",
+    "%",
+    "Share of wall time spent productively.",
+    (RL_EFFICIENCY_MEASUREMENT_ATTR, RL_EFFICIENCY_WINDOW_ATTR),
+    "efficiency/efficiency_pct",
+)
+SETUP_DURATION = Series(
+    "setup_duration",
+    RL_SETUP_DURATION_METRIC,
+    "gauge",
+    "s",
+    "Start-up phase durations, reported once at step 0.",
+    (RL_SETUP_PHASE_ATTR,),
+    "timing/setup:*_s",
+)
+
+DERIVED: tuple[Series, ...] = (EFFICIENCY_SECONDS, EFFICIENCY_PCT, SETUP_DURATION)
+"""The ``rl.*`` series the tee derives itself; no declared row may take their names."""
+
+
+def _self(
+    key: str, name: str, kind: str, unit: str, description: str, field: str, *by: str
+) -> Series:
+    return Series(key, name, kind, unit, description, by, stats_field=field)
+
+
+SELF: tuple[Series, ...] = (
+    _self(
+        "enqueued",
+        "async_tee.enqueued",
+        "observable_counter",
+        "{dict}",
+        "Dicts handed to the tee on a teed prefix.",
+        "enqueued",
+    ),
+    _self(
+        "recorded",
+        "async_tee.recorded",
+        "observable_counter",
+        "{dict}",
+        "Dicts mapped and recorded by the worker.",
+        "recorded",
+    ),
+    _self(
+        "dropped",
+        "async_tee.dropped",
+        "observable_counter",
+        "{dict}",
+        "Dicts not recorded, by reason (overflow, error, shutdown).",
+        "dropped_by_reason",
+        "reason",
+    ),
+    _self(
+        "queue_depth",
+        "async_tee.queue.depth",
+        "observable_gauge",
+        "{dict}",
+        "Dicts waiting for the worker.",
+        "pending",
+    ),
+    _self(
+        "queue_capacity",
+        "async_tee.queue.capacity",
+        "observable_gauge",
+        "{dict}",
+        "The hand-off queue's bound (ASYNC_TEE_QUEUE_SIZE).",
+        "capacity",
+    ),
+    _self(
+        "values_skipped",
+        "async_tee.values.skipped",
+        "observable_counter",
+        "{value}",
+        "Values not exported, by reason (non_finite, rejected, cardinality).",
+        "values_skipped",
+        "reason",
+    ),
+    _self(
+        "non_finite",
+        "async_tee.non_finite",
+        "observable_counter",
+        "{value}",
+        "NaN or infinite values seen, by series.",
+        "non_finite_by_series",
+        "series",
+    ),
+    _self(
+        "errors",
+        "async_tee.errors",
+        "observable_counter",
+        "{error}",
+        "Failures inside async_tee, by where they happened.",
+        "errors",
+        "where",
+    ),
+    _self(
+        "exports",
+        "async_tee.exports",
+        "observable_counter",
+        "{export}",
+        "Export attempts of the providers async_tee built, by result.",
+        "exports",
+        "result",
+    ),
+    Series(
+        LAG_KEY,
+        "async_tee.lag",
+        "histogram",
+        "ms",
+        "Time from the tee call to the record in the SDK.",
+    ),
+)
+"""async_tee's own series; all but the lag histogram are read from ``stats()`` per export."""

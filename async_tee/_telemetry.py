@@ -1,0 +1,260 @@
+"""The session functions: start, flush, stats and shutdown, thin over the active ``Pipeline``.
+
+``start_telemetry`` creates a :class:`~async_tee._pipeline.Pipeline` and makes it active;
+``shutdown_telemetry`` ends it, within one deadline whatever the collector does, and also
+runs at interpreter exit with ``ASYNC_TEE_SHUTDOWN_TIMEOUT``. After ``os.fork()`` the
+active pipeline goes on in the child with a fresh queue and worker of its own
+(docs/semantics.md §7).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from async_tee._pipeline import Pipeline
+from async_tee._reporting import logger, warn_once
+from async_tee.config import load_settings
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+
+TelemetryHandle = Pipeline
+"""What ``start_telemetry`` returns: the session's :class:`Pipeline` (the older name)."""
+
+# The session state of the process, and why each is module-level:
+_ACTIVE: Pipeline | None = None  # the running session: flush/stats/shutdown act on it
+_LAST: Pipeline | None = None  # the last session started: stats() still reads it after shutdown
+_LIFECYCLE = threading.RLock()  # start/shutdown/fork only; never taken by the tee or worker
+_HOOKS_INSTALLED = False  # atexit and fork hooks are installed once per process
+
+
+def active() -> Pipeline | None:
+    """The running session, or None."""
+    return _ACTIVE
+
+
+def last() -> Pipeline | None:
+    """The running session, or the last one that ran (what ``stats()`` reads)."""
+    return _LAST
+
+
+def _checked_overrides(
+    queue_size: int | None, drain_interval_s: float | None, shutdown_timeout_s: float | None
+) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if queue_size is not None:
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {queue_size}")
+        overrides["queue_size"] = queue_size
+    if drain_interval_s is not None:
+        if not 0 < drain_interval_s <= 60:
+            raise ValueError(f"drain_interval_s must be in (0, 60], got {drain_interval_s}")
+        overrides["drain_interval_s"] = drain_interval_s
+    if shutdown_timeout_s is not None:
+        if not 0 <= shutdown_timeout_s <= 600:
+            raise ValueError(f"shutdown_timeout_s must be in [0, 600], got {shutdown_timeout_s}")
+        overrides["shutdown_timeout_s"] = shutdown_timeout_s
+    return overrides
+
+
+def start_telemetry(
+    meter_provider: MeterProvider | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    queue_size: int | None = None,
+    drain_interval_s: float | None = None,
+    shutdown_timeout_s: float | None = None,
+) -> Pipeline:
+    """Start mirroring: adopt ``meter_provider`` or build one from the ``OTEL_*`` variables.
+
+    Closes metric declarations: every module that declares rows must be imported first.
+    Explicit arguments beat the environment. A second call while running returns the
+    running session. With ``ASYNC_TEE_ENABLED=0`` (or ``OTEL_SDK_DISABLED=true``) nothing
+    starts and the session's ``is_exporting`` is False. Any failure to build the provider
+    is warned once and leaves the tee a no-op: this never raises into training.
+
+    Args:
+        meter_provider: A provider you own and will shut down yourself; async_tee only
+            records into it. None builds one (``OTEL_METRICS_EXPORTER`` etc.), which
+            ``shutdown_telemetry`` shuts down.
+        environ: The variables to read instead of ``os.environ``.
+        queue_size: Overrides ``ASYNC_TEE_QUEUE_SIZE``.
+        drain_interval_s: Overrides ``ASYNC_TEE_DRAIN_INTERVAL``.
+        shutdown_timeout_s: Overrides ``ASYNC_TEE_SHUTDOWN_TIMEOUT`` (the exit hook's).
+
+    Returns:
+        The session (:class:`Pipeline`): ``is_exporting``, ``settings``, ``meter``,
+        ``threads``, ``stats()``.
+
+    Raises:
+        RuntimeError: Telemetry is already running with a different provider.
+        ValueError: An explicit argument is out of range.
+    """
+    global _ACTIVE, _LAST
+    overrides = _checked_overrides(queue_size, drain_interval_s, shutdown_timeout_s)
+    with _LIFECYCLE:
+        if _ACTIVE is not None:
+            if meter_provider is not None and meter_provider is not _ACTIVE.meter_provider:
+                raise RuntimeError(
+                    "async_tee telemetry is already running with another MeterProvider; "
+                    "call async_tee.shutdown_telemetry() first"
+                )
+            return _ACTIVE
+        settings = dataclasses.replace(load_settings(environ), **overrides)
+        pipeline = _LAST = Pipeline(settings, meter_provider)
+        if not settings.enabled:
+            logger.info("async_tee: disabled (ASYNC_TEE_ENABLED / OTEL_SDK_DISABLED)")
+            return pipeline
+        _install_hooks()
+        try:
+            started = pipeline.start(_export_stats)
+        except Exception:  # noqa: BLE001 - a bad exporter setting must not stop training
+            warn_once("start", "async_tee: could not start telemetry; the tee stays a no-op")
+            started = False
+        if not started:
+            return pipeline
+        _ACTIVE = pipeline
+        logger.info("async_tee: telemetry started: %s", settings.describe())
+        return pipeline
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Wait until every dict teed before this call is recorded in the SDK (not exported).
+
+    Safe from any thread, including the worker's. Never raises.
+
+    Returns:
+        True when everything was recorded within ``timeout_s`` (or telemetry is off).
+    """
+    try:
+        pipeline = _ACTIVE
+        return True if pipeline is None else pipeline.flush(timeout_s)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        warn_once("flush", "async_tee: flush failed")
+        return False
+
+
+async def aflush(timeout_s: float = 5.0) -> bool:
+    """``flush`` for code inside a running event loop: awaits instead of blocking the loop.
+
+    Returns:
+        True when every dict teed before this call was recorded within ``timeout_s``
+        (or telemetry is off). Never raises.
+    """
+    try:
+        pipeline = _ACTIVE
+        return True if pipeline is None else await pipeline.aflush(timeout_s)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        warn_once("aflush", "async_tee: aflush failed")
+        return False
+
+
+def stats() -> dict[str, Any]:
+    """Self-telemetry of the current (or last) session. Safe from any thread; never raises.
+
+    Every figure is the session's own, from its start (a new session, and a forked
+    child's session, start from zero); only the warn-once memory is per process.
+
+    Returns:
+        ``enqueued``, ``recorded``, ``dropped`` (all reasons) and ``pending`` (integers,
+        always with ``enqueued == recorded + dropped + pending``), ``capacity``,
+        ``dropped_by_reason``, ``lag_ms`` (p50/p99/max of the enqueue-to-record lag),
+        ``values_skipped``, ``non_finite_by_series``, ``errors``, ``exports`` and
+        ``exporting``. ``pending`` includes dicts the full queue dropped that the worker
+        has not yet seen; after ``flush`` they are in ``dropped``.
+    """
+    return _guarded_stats(lag_percentiles=True)
+
+
+def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
+    pipeline = _LAST
+    try:
+        if pipeline is not None:
+            return pipeline.stats(lag_percentiles)
+    except Exception:  # noqa: BLE001 - observability must not break the observed
+        warn_once("stats", "async_tee: computing stats failed")
+    return Pipeline(load_settings({})).stats()
+
+
+def _export_stats() -> dict[str, Any]:
+    """What the ``async_tee.*`` callbacks read, once each per export: no lag sort."""
+    return _guarded_stats(lag_percentiles=False)
+
+
+def shutdown_telemetry(timeout_s: float | None = None) -> bool:
+    """Stop teeing, drain what is queued, and shut down the provider async_tee built.
+
+    All within one deadline, whatever the collector does. Safe to call twice, from any
+    thread (including the worker's), and when telemetry never started. Never raises.
+
+    Args:
+        timeout_s: The deadline in seconds; ``ASYNC_TEE_SHUTDOWN_TIMEOUT`` by default.
+
+    Returns:
+        Whether everything was delivered: every dict recorded and, for a provider
+        async_tee built, the final export succeeded in time. For a provider you passed in,
+        whether every dict was recorded into it (its export is yours to shut down).
+    """
+    global _ACTIVE
+    try:
+        with _LIFECYCLE:
+            pipeline = _ACTIVE
+            if pipeline is None:
+                return True
+            _ACTIVE = None
+            pipeline.detach()
+        budget = pipeline.settings.shutdown_timeout_s if timeout_s is None else timeout_s
+        return pipeline.shutdown(budget)
+    except Exception:  # noqa: BLE001 - shutdown runs at exit: it must not raise
+        warn_once("shutdown", "async_tee: shutdown failed")
+        return False
+
+
+def end_and_forget(timeout_s: float) -> None:
+    """Shut the running session down and forget the last one (``stats()`` reads zeros)."""
+    global _LAST
+    shutdown_telemetry(timeout_s)
+    _LAST = None
+
+
+def _shutdown_at_exit() -> None:
+    shutdown_telemetry()
+
+
+def _before_fork() -> None:
+    pipeline = _ACTIVE
+    if pipeline is not None:
+        pipeline.before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    pipeline = _ACTIVE
+    if pipeline is not None:
+        pipeline.after_fork_in_parent()
+
+
+def _after_fork_in_child() -> None:
+    global _LIFECYCLE
+    _LIFECYCLE = threading.RLock()
+    pipeline = _ACTIVE
+    if pipeline is not None:
+        pipeline.after_fork_in_child()
+
+
+def _install_hooks() -> None:
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    atexit.register(_shutdown_at_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(
+            before=_before_fork,
+            after_in_parent=_after_fork_in_parent,
+            after_in_child=_after_fork_in_child,
+        )
