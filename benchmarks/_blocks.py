@@ -1,4 +1,4 @@
-"""The caller-latency engine shared by ``bench_caller.py`` and ``bench_baselines.py``.
+"""The caller-latency engine of ``bench_latency.py``: timed loops, conditions, blocks, rows.
 
 What is timed: one statement (a tee call, a baseline's logging call) bracketed by two
 ``perf_counter_ns()`` reads. Each statement is compiled into its own loop, as ``timeit``
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import importlib.util
 import time
 from array import array
@@ -29,7 +30,7 @@ from typing import Any
 
 from _common import (
     SHUTDOWN_S,
-    Pipeline,
+    Session,
     fmt,
     histogram_summary,
     percentiles,
@@ -40,7 +41,9 @@ from _common import (
 )
 
 import async_tee
-from async_tee import metrics as tee_metrics
+from async_tee._mapping import efficiency_categories, map_efficiency_seconds, map_teed_scalars
+from async_tee._recorder import efficiency_attributes
+from async_tee.vocabulary import teed_metrics
 
 PACE_NS = 2_000_000  # trainer pace: one call every 2 ms
 BASELINE_QUEUE = 1024  # floor (and janus) capacity: async_tee's default queue size
@@ -68,7 +71,6 @@ STATEMENTS = {
     "empty": "pass",
     "tee": "fn(d, 'train', step)",
     "copy_put": "fn(extra(d))",
-    "inline": "fn(d, 'train', step, extra)",
     "with_step": "fn(d, step)",
     "emit_body": "fn(body=extra(d))",
 }
@@ -113,11 +115,15 @@ class Target:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def tee_target(running: Pipeline, fn: Callable[..., Any] | None = None) -> Target:
-    """The tee (or ``fn``, called with the meter as ``extra``) on a running pipeline."""
+# What a pipeline condition times, made from the session once per block: a function
+# called as the tee is, ``fn(d, prefix, step)``.
+TeeFactory = Callable[[async_tee.Pipeline], Callable[[dict[str, Any], str, int], Any]]
+
+
+def tee_target(running: Session, make: TeeFactory | None = None) -> Target:
+    """The tee (or what ``make`` builds from the session) on a running pipeline."""
     return Target(
-        fn or async_tee.tee_rl_metrics_to_otel,
-        running.handle.meter,
+        async_tee.tee_rl_metrics_to_otel if make is None else make(running.handle),
         pipeline=True,
         settle=lambda: async_tee.flush(SHUTDOWN_S),
         threads=running.threads,
@@ -164,6 +170,17 @@ def missing_requirement(condition: Condition) -> str | None:
     return None if found else f"{condition.requires} is not installed (pip install '.[bench-full]')"
 
 
+def preload(conditions: Sequence[Condition]) -> None:
+    """Import what the conditions need now, so every round runs with the same modules loaded.
+
+    Otherwise the first round would run before a baseline's package (and its objects, which
+    every later garbage collection scans) is loaded and the others after.
+    """
+    for condition in conditions:
+        if condition.requires:
+            importlib.import_module(condition.requires)
+
+
 def runnable(conditions: Sequence[Condition]) -> tuple[Condition, ...]:
     """The conditions whose packages are installed; the others are skipped, with a reason."""
     kept = []
@@ -177,36 +194,37 @@ def runnable(conditions: Sequence[Condition]) -> tuple[Condition, ...]:
 
 
 def pipeline_setup(
-    port: str, queue_size: int | None = None, fn: Callable[..., Any] | None = None
+    port: str, queue_size: int | None = None, make: TeeFactory | None = None
 ) -> Callable[[Env], contextlib.AbstractContextManager[Target]]:
     """A condition's setup: a fresh pipeline exporting to ``env.ports[port]``, timing the
-    tee (or ``fn``, given the meter as ``extra``)."""
+    tee (or what ``make`` builds from the session)."""
 
     @contextlib.contextmanager
     def setup(env: Env) -> Iterator[Target]:
         with pipeline(env.ports[port], queue_size) as running:
-            yield tee_target(running, fn)
+            yield tee_target(running, make)
 
     return setup
 
 
-# The rows both caller scripts time: the tee on a healthy pipeline, the floor, the inline
-# tee and the empty timer.
+def worker_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:
+    """The inline tee: the session's own ``RLRecorder.tee``, what the worker runs per dict."""
+    if handle.recorder is None:
+        raise RuntimeError("the session has no recorder")
+    return handle.recorder.tee
 
-healthy = pipeline_setup("healthy")
-inline = pipeline_setup("healthy", fn=tee_metrics._tee_rl_metrics_to_otel)
 
-
-def _seed_shape_recorder(meter: Any) -> Callable[[dict[str, Any]], None]:
+def seed_shape_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:
     """The original tee's recording: map, then one SDK synchronous instrument call per value.
 
-    Instruments are created once, under a ``seed.`` prefix so they cannot clash with the
-    pipeline's own on the same meter; counters get ``add``, everything else ``set``.
+    Instruments are created once per session, under a ``seed.`` prefix so they cannot clash
+    with the pipeline's own on the same meter; counters get ``add``, everything else ``set``.
     """
-    from async_tee.mapping import map_efficiency_seconds, map_teed_scalars
-
+    meter = handle.meter
+    if meter is None:
+        raise RuntimeError("the session has no meter")
     record: dict[str, Callable[..., None]] = {}
-    for row in async_tee.teed_metrics():
+    for row in teed_metrics():
         if row.kind == "counter":
             record[row.key] = meter.create_counter(f"seed.{row.name}", unit=row.unit).add
         else:
@@ -214,30 +232,24 @@ def _seed_shape_recorder(meter: Any) -> Callable[[dict[str, Any]], None]:
     efficiency = meter.create_gauge("seed.rl.efficiency.seconds", unit="s").set
     attributes = {
         category: dict(frozen.mapping)
-        for category, frozen in tee_metrics._EFFICIENCY_ATTRIBUTES.items()
+        for category, frozen in efficiency_attributes(efficiency_categories()).items()
     }
 
-    def recorder(d: dict[str, Any]) -> None:
+    def tee(d: dict[str, Any], prefix: str, step: int) -> None:
         for key, value in map_teed_scalars(d).items():
             record[key](value)
         for category, seconds in map_efficiency_seconds(d, attributes).items():
             efficiency(seconds, attributes[category])
 
-    return recorder
+    return tee
 
 
-_SEED_RECORDERS: dict[int, Callable[[dict[str, Any]], None]] = {}
+# The rows every latency table shares: the tee on a healthy pipeline, the floor, the inline
+# tee and the empty timer.
 
-
-def seed_shape_tee(d: dict[str, Any], prefix: str, step: int, meter: Any) -> None:
-    """Map and record through the SDK's synchronous instruments, on the caller's thread."""
-    recorder = _SEED_RECORDERS.get(id(meter))
-    if recorder is None:
-        recorder = _SEED_RECORDERS.setdefault(id(meter), _seed_shape_recorder(meter))
-    recorder(d)
-
-
-inline_sdk = pipeline_setup("healthy", fn=seed_shape_tee)
+healthy = pipeline_setup("healthy")
+inline = pipeline_setup("healthy", make=worker_recorder)
+inline_sdk = pipeline_setup("healthy", make=seed_shape_recorder)
 
 
 @contextlib.contextmanager
@@ -252,13 +264,9 @@ def timer_only(env: Env) -> Iterator[Target]:
 
 HEALTHY_B2B = Condition("healthy_b2b", "2 healthy, back to back", healthy)
 FLOOR = Condition("floor", "a floor: deque.append(dict(d))", floor, "copy_put", kind="baseline")
-INLINE = Condition("inline", "b inline _tee_rl_metrics_to_otel", inline, "inline", kind="baseline")
+INLINE = Condition("inline", "b inline: the worker's RLRecorder.tee", inline, kind="baseline")
 INLINE_SDK = Condition(
-    "inline_sdk",
-    "b' inline, seed's shape (SDK sync instruments)",
-    inline_sdk,
-    "inline",
-    kind="baseline",
+    "inline_sdk", "b' inline, seed's shape (SDK sync instruments)", inline_sdk, kind="baseline"
 )
 TIMER = Condition("timer", "timer: empty perf_counter_ns pair", timer_only, "empty", kind="timer")
 

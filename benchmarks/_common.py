@@ -8,13 +8,15 @@
   distance to 1 is log-spaced), so the JSON stays small and the plot still shows p99.99.
 - **Receiver**: a real ``OtlpSink`` in another process (``_receiver.py``), so decoding
   exports never takes this process's GIL; ``--stall`` makes every export hang.
-- **Pipeline**: the real ``start_telemetry`` exporting over OTLP/gRPC every
-  ``EXPORT_INTERVAL_MS`` with a 1 s exporter timeout, torn down with a bounded shutdown and
+- **Session**: the real ``start_telemetry`` exporting over OTLP/gRPC every
+  ``EXPORT_INTERVAL_MS`` with a 1 s exporter timeout; the threads it reports
+  (``Pipeline.threads``) are timed and joined, after a bounded shutdown and
   ``testing.reset`` so the next block starts clean.
 - **Interleaving**: ``rotated`` gives each round's order; rounds rotate so that no variant
   always runs first or last while the machine drifts.
-- **Output**: machine info (platform, CPU, versions, commit), JSON and markdown writers,
-  and table formatting shared by the scripts and ``run_all.py``.
+- **Output**: machine info (platform, CPU, versions, commit), JSON and markdown writers
+  (to a temp dir unless ``--out`` says otherwise: ``run_all.py`` merges every part into
+  ``results/latest.json``), and table formatting shared by the scripts and ``run_all.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,7 +49,6 @@ ROOT = HERE.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "grpo_step.json"
 RECEIVER = HERE / "_receiver.py"
 RESULTS = HERE / "results"
-PARTS = RESULTS / "parts"
 
 EXPORT_INTERVAL_MS = 1000
 OTLP_TIMEOUT_S = 1
@@ -232,26 +234,29 @@ def rss_bytes() -> int:
 
 
 @dataclass
-class Pipeline:
-    """A running pipeline: its handle, the threads it started, and what teardown saw."""
+class Session:
+    """A running session: its ``Pipeline``, the threads it started, and what teardown saw.
 
-    handle: Any
+    ``threads`` is ``handle.threads`` (the worker, the SDK's periodic reader, any server)
+    as the session reported them when it started, so teardown joins exactly those.
+    """
+
+    handle: async_tee.Pipeline
     threads: list[threading.Thread]
     info: dict[str, Any] = field(default_factory=dict)
 
     def thread(self, name: str) -> threading.Thread | None:
-        """The pipeline's thread called ``name``, if it started one."""
+        """The session's thread called ``name``, if it started one."""
         return next((t for t in self.threads if t.name == name), None)
 
 
 @contextlib.contextmanager
-def pipeline(port: int, queue_size: int | None = None) -> Iterator[Pipeline]:
+def pipeline(port: int, queue_size: int | None = None) -> Iterator[Session]:
     """The real pipeline exporting to ``port``; shut down, joined and reset afterwards."""
-    before = set(threading.enumerate())
     handle = async_tee.start_telemetry(environ=otlp_environ(port), queue_size=queue_size)
     if not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
-    running = Pipeline(handle, [t for t in threading.enumerate() if t not in before])
+    running = Session(handle, handle.threads)
     try:
         yield running
     finally:
@@ -384,9 +389,9 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
 def parse_bench_args(
     parser: argparse.ArgumentParser, name: str, argv: list[str] | None
 ) -> argparse.Namespace:
-    """Parse, and default ``--out`` to ``parts/<name>.json`` (a temp dir with ``--quick``)."""
+    """Parse, and default ``--out`` to ``<name>.json`` in a fresh temp dir."""
     args = parser.parse_args(argv)
-    args.out = args.out or default_out(name, args.quick)
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="async-tee-bench-")) / f"{name}.json"
     return args
 
 
@@ -401,11 +406,3 @@ def publish(
     print(f"\nwrote {out} and {out.with_suffix('.md')}")
     print(f"{Path(sys.argv[0]).stem} took {report['duration_s']:.0f} s")
 
-
-def default_out(name: str, quick: bool) -> Path:
-    """Where a script writes when ``--out`` is not given: a temp dir for smoke runs."""
-    if quick:
-        import tempfile
-
-        return Path(tempfile.mkdtemp(prefix="async-tee-bench-")) / f"{name}.json"
-    return PARTS / f"{name}.json"

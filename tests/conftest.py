@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import threading
+import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_calls, own_threads
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from async_tee import testing
 from async_tee.sink import OtlpSink
-
-FIXTURE = Path(__file__).parent / "fixtures" / "grpo_step.json"
-
-
-def load_calls() -> list[dict[str, Any]]:
-    """The fixture's log_metrics calls: step, prefix, metrics (and step_metric...)."""
-    return json.loads(FIXTURE.read_text())["calls"]
-
-
-def own_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("async-tee")]
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +23,13 @@ def clean_async_tee() -> Iterator[None]:
     testing.reset()
     leaked = own_threads()
     assert not leaked, f"leaked threads: {leaked}"
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """Every record async_tee logs, debug included."""
+    caplog.set_level(logging.DEBUG, logger="async_tee")
+    return caplog
 
 
 @pytest.fixture
@@ -59,34 +54,3 @@ def provider(reader: InMemoryMetricReader) -> Iterator[MeterProvider]:
 def sink() -> Iterator[OtlpSink]:
     with OtlpSink() as s:
         yield s
-
-
-Point = tuple[str, frozenset[tuple[str, Any]]]
-
-
-def collect(reader: InMemoryMetricReader, prefix: str = "rl.") -> dict[Point, Any]:
-    """Every data point the reader collects now, keyed by (series, attributes)."""
-    out: dict[Point, Any] = {}
-    data = reader.get_metrics_data()
-    if data is None:
-        return out
-    for resource_metrics in data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if not metric.name.startswith(prefix):
-                    continue
-                for point in metric.data.data_points:
-                    key = (metric.name, frozenset(dict(point.attributes or {}).items()))
-                    out[key] = getattr(point, "value", point)
-    return out
-
-
-def units(reader: InMemoryMetricReader) -> dict[str, tuple[str, str]]:
-    """{series: (unit, data type name)} of everything collected now."""
-    out = {}
-    data = reader.get_metrics_data()
-    for resource_metrics in data.resource_metrics if data else ():
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                out[metric.name] = (metric.unit or "", type(metric.data).__name__)
-    return out

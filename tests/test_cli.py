@@ -135,6 +135,7 @@ def export_one(protocol: str, grpc_port: int, http_port: int, name: str, value: 
         exporter.shutdown()
 
 
+@pytest.mark.slow
 def test_sink_prints_points_from_both_protocols_and_exits_0_on_sigterm(sink_process):
     proc, lines, grpc_port, http_port = sink_process
     banner = lines.wait_for(lambda line: "receiving OTLP metrics" in line)
@@ -153,6 +154,7 @@ def test_sink_prints_points_from_both_protocols_and_exits_0_on_sigterm(sink_proc
     assert any("stopped; received 2 points in 1 gRPC and 1 HTTP" in line for line in lines.rest())
 
 
+@pytest.mark.slow
 def test_sink_stops_cleanly_on_ctrl_c(sink_process):
     proc, lines, _, _ = sink_process
     lines.wait_for(lambda line: "receiving OTLP metrics" in line)
@@ -163,6 +165,7 @@ def test_sink_stops_cleanly_on_ctrl_c(sink_process):
     assert "Traceback" not in proc.stderr.read()
 
 
+@pytest.mark.slow
 def test_sink_quiet_prints_no_points():
     grpc_port, http_port = free_port(), free_port()
     with subprocess.Popen(
@@ -266,6 +269,7 @@ def test_demo_end_to_end_receives_every_default_series(tmp_path):
     json.dumps(result.as_dict())  # JSON-ready
 
 
+@pytest.mark.slow
 def test_demo_with_a_stalled_sink_keeps_training_pace_and_receives_nothing():
     steps, step_seconds = 3, 0.05
     started = time.monotonic()
@@ -309,6 +313,7 @@ def test_demo_refuses_bad_arguments_and_running_telemetry(provider):
         demo.run(steps=1, step_seconds=0)
 
 
+@pytest.mark.slow
 def test_demo_command_line_json():
     proc = subprocess.run(
         [
@@ -337,6 +342,7 @@ def test_demo_command_line_json():
     assert len([line for line in proc.stderr.splitlines() if line.startswith("step ")]) == 3
 
 
+@pytest.mark.slow
 def test_demo_command_line_table():
     proc = subprocess.run(
         [sys.executable, "-m", "async_tee", "demo", "--steps", "2", "--step-seconds", "0.02"],

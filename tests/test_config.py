@@ -10,12 +10,6 @@ import pytest
 from async_tee.config import Settings, load_settings
 
 
-@pytest.fixture
-def logs(caplog):
-    caplog.set_level(logging.DEBUG, logger="async_tee")
-    return caplog
-
-
 def warnings(caplog):
     return [r for r in caplog.records if r.name == "async_tee" and r.levelno == logging.WARNING]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from conftest import collect
+from helpers import collect
 
 import async_tee
 from async_tee import metrics

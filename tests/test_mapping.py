@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import load_calls
+from helpers import load_calls
 
 from async_tee._declarations import DECLARATIONS
 from async_tee._mapping import (

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import collect
+from helpers import collect
 
 import async_tee
 from async_tee.sink import black_hole
@@ -159,6 +159,7 @@ def test_record_rl_metrics_goes_through_the_queue(provider, reader):
     assert collect(reader) == {("rl.host.memory", frozenset({("host", "a")})): 1024.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stalled", "black_hole"])
 def test_stalled_or_unreachable_exporter_never_blocks_training(sink, fault):
     if fault == "stalled":
@@ -287,6 +288,7 @@ def test_import_is_light_and_loads_no_opentelemetry():
     assert proc.stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_exit_with_a_dead_collector_is_bounded():
     hole, port = black_hole()
     try:
@@ -311,6 +313,7 @@ def test_exit_with_a_dead_collector_is_bounded():
     assert elapsed < 12.0, f"exit took {elapsed:.1f}s"
 
 
+@pytest.mark.slow
 def test_fork_gives_the_child_its_own_working_pipeline():
     proc, elapsed = run_python(
         """
@@ -420,6 +423,7 @@ async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
     assert await async_tee.aflush(BOUND_S) is True
 
 
+@pytest.mark.slow
 def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
     # Each timer wake costs CPU (and a GIL hand-off) even with nothing to do: idle, the
     # worker doubles its sleep up to 1 s. At a fixed 10 ms it would wake ~100 times here.

@@ -11,7 +11,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import load_calls
+from helpers import load_calls
 
 import async_tee
 
@@ -57,6 +57,7 @@ def prometheus_server(tmp_path):
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_fixture_run_is_queryable_in_a_real_prometheus(prometheus_server):
     target, web = prometheus_server
     handle = async_tee.start_telemetry(

@@ -111,3 +111,48 @@ def test_tee_and_record_are_no_ops_until_started():
     assert async_tee.stats()["enqueued"] == 0
     assert async_tee.flush(0.1) is True
     assert async_tee.shutdown_telemetry(0.1) is True
+
+
+def test_seed_flags_follow_the_declarations(provider):
+    assert metrics._REGISTERED is False
+    assert vocabulary._FROZEN is False
+    async_tee.start_telemetry(provider)
+    assert metrics._REGISTERED is True
+    assert metrics._REGISTRATION_FAILED is False
+    assert vocabulary._FROZEN is True
+    with pytest.raises(AttributeError):
+        _ = metrics._NO_SUCH_NAME
+
+
+def test_seed_private_tee_functions_record_synchronously_into_any_meter(provider, reader, calls):
+    from helpers import collect
+
+    meter = provider.get_meter("seed-shape")
+    assert metrics.ensure_metric_group_registered()
+    setup = next(c for c in calls if c["prefix"] == "timing/setup")
+    metrics._tee_setup_metrics(meter, setup["metrics"])
+    metrics._tee_scalars(meter, {"reward": 0.25, "vllm/prompt_tokens": 3.0}, 1)
+    metrics._tee_efficiency_metrics(meter, {"efficiency/idle/validation_s": 2.0})
+    metrics._tee_rl_metrics_to_otel({"loss": 0.5}, "train", 1, meter)
+    metrics._record(meter, {"grad_norm": 1.5})
+    points = collect(reader)
+    assert points[("rl.reward.mean", frozenset())] == 0.25
+    assert points[("rl.policy.loss", frozenset())] == 0.5
+    assert points[("rl.grad_norm", frozenset())] == 1.5
+    assert points[("rl.vllm.prompt_tokens", frozenset())] == 3.0
+    assert any(name == "rl.setup.duration" for name, _ in points)
+    assert any(
+        name == "rl.efficiency.seconds" and ("rl.efficiency.category", "idle/validation") in attrs
+        for name, attrs in points
+    )
+
+
+def test_seed_private_tee_uses_the_running_sessions_recorder(provider, reader):
+    from helpers import collect
+
+    pipeline = async_tee.start_telemetry(provider)
+    metrics.create_rl_metric_instruments()
+    for _ in range(2):  # the session's recorder remembers the step: counted once
+        metrics._tee_rl_metrics_to_otel({"vllm/prompt_tokens": 4.0}, "train", 9)
+    assert pipeline.recorder is not None and len(pipeline.recorder.counted) == 1
+    assert collect(reader)[("rl.vllm.prompt_tokens", frozenset())] == 4.0

@@ -6,7 +6,7 @@ import logging
 import math
 
 import pytest
-from conftest import collect
+from helpers import collect
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
 
@@ -57,12 +57,6 @@ def otel_warnings(caplog):
 @pytest.fixture
 def meter(provider):
     return provider.get_meter("t")
-
-
-@pytest.fixture
-def logs(caplog):
-    caplog.set_level(logging.DEBUG, logger="async_tee")
-    return caplog
 
 
 def _observe_five(_options):

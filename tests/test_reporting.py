@@ -10,12 +10,6 @@ from async_tee import _reporting as reporting
 from async_tee._reporting import warn_once
 
 
-@pytest.fixture
-def logs(caplog):
-    caplog.set_level(logging.DEBUG, logger="async_tee")
-    return caplog
-
-
 def at(caplog, level):
     return [r for r in caplog.records if r.name == "async_tee" and r.levelno == level]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import own_threads
+from helpers import own_threads
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
     OTLPMetricExporter as GrpcExporter,
 )
@@ -225,6 +225,7 @@ def test_http_raw_protocol_details(sink: OtlpSink) -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_stalled_sink_times_out_exporter_and_close_is_bounded(
     protocol: str, metrics_data: MetricsData
@@ -276,6 +277,7 @@ def test_unstall_releases_a_blocked_export(
     assert sink.names() == {"train.loss", "train.steps", "train.step_time"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_fail_makes_exports_fail_until_restored(
     sink: OtlpSink, protocol: str, metrics_data: MetricsData
@@ -332,6 +334,7 @@ def test_max_points_must_be_positive() -> None:
         OtlpSink(max_points=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_black_hole_makes_exporter_fail_within_its_timeout(
     protocol: str, metrics_data: MetricsData

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from conftest import collect, load_calls, units
+from helpers import collect, load_calls, units
 
 import async_tee
 from async_tee.sink import OtlpSink

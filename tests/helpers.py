@@ -1,0 +1,57 @@
+"""Helpers the tests share: the fixture's calls, and what a reader or the process holds now.
+
+Imported by the test modules (``from helpers import ...``); the fixtures live in
+``conftest.py``, which imports from here too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grpo_step.json"
+
+Point = tuple[str, frozenset[tuple[str, Any]]]
+
+
+def load_calls() -> list[dict[str, Any]]:
+    """The fixture's log_metrics calls: step, prefix, metrics (and step_metric...)."""
+    calls: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["calls"]
+    return calls
+
+
+def own_threads() -> list[str]:
+    """Names of the live threads async_tee started (they all start with ``async-tee``)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("async-tee")]
+
+
+def collect(reader: InMemoryMetricReader, prefix: str = "rl.") -> dict[Point, Any]:
+    """Every data point the reader collects now, keyed by (series, attributes)."""
+    out: dict[Point, Any] = {}
+    data = reader.get_metrics_data()
+    if data is None:
+        return out
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if not metric.name.startswith(prefix):
+                    continue
+                for point in metric.data.data_points:
+                    key = (metric.name, frozenset(dict(point.attributes or {}).items()))
+                    out[key] = getattr(point, "value", point)
+    return out
+
+
+def units(reader: InMemoryMetricReader) -> dict[str, tuple[str, str]]:
+    """{series: (unit, data type name)} of everything collected now."""
+    out = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                out[metric.name] = (metric.unit or "", type(metric.data).__name__)
+    return out

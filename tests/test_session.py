@@ -1,0 +1,133 @@
+"""One Pipeline owns a session: its state starts with it and dies with it."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+from helpers import collect
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import async_tee
+from async_tee._recorder import COUNTED_STEPS, CountedSteps
+
+TOKENS = ("rl.vllm.prompt_tokens", frozenset())
+
+
+def _session_total(step: object, copies: int = 1) -> float:
+    """Start a session on a new provider, tee the counter ``copies`` times, return its total."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        async_tee.start_telemetry(provider)
+        for _ in range(copies):
+            async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 5.0}, "train", step)
+        assert async_tee.flush(5)
+        total: float = collect(reader).get(TOKENS, 0.0)
+        assert async_tee.shutdown_telemetry(5)
+        return total
+    finally:
+        provider.shutdown()
+
+
+def test_counter_memory_dies_with_the_session():
+    # The step the first session last counted must not silence the second's first delta.
+    assert _session_total(step=7, copies=2) == 5.0
+    assert _session_total(step=7) == 5.0
+
+
+def test_interleaved_steps_count_each_steps_delta_once(provider, reader):
+    async_tee.start_telemetry(provider)
+    for step in (5, 4, 5, 4, 5):
+        async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 100.0}, "train", step)
+    assert async_tee.flush(5)
+    assert collect(reader)[TOKENS] == 200.0
+
+
+def test_counted_steps_are_bounded_and_forget_the_oldest():
+    counted = CountedSteps()
+    for step in range(10 * COUNTED_STEPS):
+        assert counted.first_time(step, "k")
+        assert not counted.first_time(step, "k")
+    assert len(counted) == COUNTED_STEPS
+    assert not counted.first_time(10 * COUNTED_STEPS - 1, "k")  # recent: remembered
+    assert counted.first_time(0, "k")  # long gone: counted again
+
+
+def test_a_recently_seen_step_is_kept_while_newer_ones_arrive():
+    counted = CountedSteps(capacity=2)
+    assert counted.first_time(1, "k")
+    assert counted.first_time(2, "k")
+    assert not counted.first_time(1, "k")  # touching step 1 makes step 2 the oldest
+    assert counted.first_time(3, "k")
+    assert not counted.first_time(1, "k")
+    assert counted.first_time(2, "k")
+
+
+@pytest.mark.parametrize(
+    "step", [np.array([0, 1]), [1, 2], {"s": 1}], ids=["ndarray", "list", "dict"]
+)
+def test_an_unhashable_step_is_no_step_and_breaks_nothing(provider, reader, step):
+    async_tee.start_telemetry(provider)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0, "vllm/prompt_tokens": 10.0}, "train", step)
+    async_tee.tee_rl_metrics_to_otel({"reward": 2.0, "vllm/prompt_tokens": 10.0}, "train", step)
+    for good in range(3):
+        async_tee.tee_rl_metrics_to_otel({"reward": 3.0, "vllm/prompt_tokens": 1.0}, "train", good)
+    assert async_tee.flush(5)
+    points = collect(reader)
+    assert points[TOKENS] == 23.0  # both unusable-step deltas counted, then one per step
+    assert points[("rl.reward.mean", frozenset())] == 3.0
+
+
+def _nan_session_stats() -> dict[str, object]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        async_tee.start_telemetry(provider)
+        async_tee.tee_rl_metrics_to_otel({"reward": math.nan}, "train", 1)
+        assert async_tee.flush(5)
+        assert async_tee.shutdown_telemetry(5)
+        return async_tee.stats()
+    finally:
+        provider.shutdown()
+
+
+def test_stats_are_the_sessions_own():
+    first, second = _nan_session_stats(), _nan_session_stats()
+    for stats in (first, second):
+        assert stats["enqueued"] == 1
+        assert stats["values_skipped"]["non_finite"] == 1  # not 2 in the second session
+        assert stats["non_finite_by_series"] == {"rl.reward.mean": 1}
+        assert stats["exporting"] is False
+
+
+def test_threads_are_the_sessions_and_end_with_it(sink):
+    environ = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+        "OTEL_METRIC_EXPORT_INTERVAL": "60000",
+    }
+    pipeline = async_tee.start_telemetry(environ=environ)
+    threads = pipeline.threads
+    names = {thread.name for thread in threads}
+    assert "async-tee-worker" in names
+    assert len(threads) >= 2, names  # the worker and the SDK's exporting reader
+    assert all(thread.is_alive() for thread in threads)
+    assert not set(threads) - set(threading.enumerate())
+    assert async_tee.shutdown_telemetry(5)
+    for thread in threads:
+        thread.join(5)
+    assert not [thread.name for thread in threads if thread.is_alive()]
+
+
+def test_a_disabled_session_reports_zeros_not_the_last_sessions(provider):
+    async_tee.start_telemetry(provider)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
+    assert async_tee.flush(5)
+    assert async_tee.shutdown_telemetry(5)
+    assert async_tee.stats()["recorded"] == 1  # after shutdown: the last session's
+    pipeline = async_tee.start_telemetry(environ={"ASYNC_TEE_ENABLED": "0"})
+    assert pipeline.threads == []
+    assert async_tee.stats()["recorded"] == 0

@@ -1,0 +1,76 @@
+"""The worker alone: a bare hand-off queue and a plain callable, no OpenTelemetry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from async_tee._handoff import DropOldestQueue
+from async_tee._worker import Worker
+
+LONG_S = 60.0  # a drain interval the tests never wait for: only flush and stop drive it
+
+
+@pytest.fixture
+def seen() -> list[int]:
+    return []
+
+
+@pytest.fixture
+def queue() -> DropOldestQueue[tuple[int, int]]:
+    return DropOldestQueue(4)
+
+
+@pytest.fixture
+def worker(queue, seen) -> Iterator[Worker]:
+    def process(item: tuple[int, int]) -> None:
+        if item[0] < 0:
+            raise ValueError("a bad item")
+        seen.append(item[0])
+
+    worker = Worker(queue, process, LONG_S)
+    assert worker.start()
+    yield worker
+    worker.stop(5)
+    assert not worker.thread.is_alive()
+
+
+def test_flush_processes_everything_put_before_it_in_order(queue, worker, seen):
+    for value in range(3):
+        queue.put((value, 0))
+    assert worker.flush(5)
+    assert seen == [0, 1, 2]
+    assert (worker.counts.recorded, worker.pending()) == (3, 0)
+
+
+def test_overflow_is_counted_exactly_and_the_newest_survive(queue, worker, seen):
+    for value in range(10):  # the worker sleeps a minute: nothing drains before the flush
+        queue.extend(zip(((value, 0),), queue.counter))  # put without the high-water wake
+    assert worker.flush(5)
+    assert seen == [6, 7, 8, 9]
+    assert (worker.counts.recorded, worker.counts.overflow) == (4, 6)
+
+
+def test_a_failing_item_is_counted_and_the_worker_goes_on(queue, worker, seen, logs):
+    queue.put((-1, 0))
+    queue.put((5, 0))
+    assert worker.flush(5)
+    assert seen == [5]
+    assert (worker.counts.errors, worker.counts.recorded) == (1, 1)
+    assert [r.levelname for r in logs.records if "processing" in r.getMessage()] == ["WARNING"]
+
+
+def test_stop_drains_then_ends_and_is_safe_twice(queue, worker, seen):
+    queue.put((1, 0))
+    assert worker.stop(5)
+    assert seen == [1]
+    assert not worker.thread.is_alive()
+    assert worker.stop(5)
+
+
+def test_what_is_left_after_a_stop_is_counted_as_shutdown(queue, worker, seen):
+    assert worker.stop(5)
+    queue.put((1, 0))  # after the worker has ended
+    assert not worker.stop(5)  # not everything put before this call was processed
+    assert (worker.counts.shutdown, seen) == (1, [])
