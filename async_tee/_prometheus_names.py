@@ -114,7 +114,7 @@ def prometheus_unit(unit: str) -> str:
     return _sanitize(unit).strip("_")
 
 
-def _family(name: str, unit: str, kind: str) -> tuple[str, str]:
+def _family(name: str, kind: str, unit: str) -> tuple[str, str]:
     """The metric family name the exporter builds, and the Prometheus type."""
     kind_type = prometheus_type(kind)
     name = name.lower()  # the OTel SDK lowercases instrument names (they are case-insensitive)
@@ -129,13 +129,13 @@ def _family(name: str, unit: str, kind: str) -> tuple[str, str]:
     return family, kind_type
 
 
-def prometheus_name(name: str, unit: str, kind: str) -> str:
+def prometheus_name(name: str, kind: str, unit: str) -> str:
     """The name a series is queried by on Prometheus (its ``# TYPE`` line on ``/metrics``).
 
     Args:
         name: The OTel series name, e.g. ``rl.vllm.prompt_tokens``.
-        unit: Its unit, e.g. ``{token}``.
         kind: The registry kind, e.g. ``counter``.
+        unit: Its unit, e.g. ``{token}``.
 
     Returns:
         E.g. ``rl_vllm_prompt_tokens_total``. A histogram's name is its family name; its
@@ -144,24 +144,24 @@ def prometheus_name(name: str, unit: str, kind: str) -> str:
     Raises:
         ValueError: ``kind`` is not one of the registry's kinds.
     """
-    family, kind_type = _family(name, unit, kind)
+    family, kind_type = _family(name, kind, unit)
     return family + _TOTAL if kind_type == "counter" else family
 
 
-def prometheus_sample_names(name: str, unit: str, kind: str) -> tuple[str, ...]:
+def prometheus_sample_names(name: str, kind: str, unit: str) -> tuple[str, ...]:
     """Every sample name the series puts on ``/metrics`` (three for a histogram).
 
     Raises:
         ValueError: ``kind`` is not one of the registry's kinds.
     """
-    family, kind_type = _family(name, unit, kind)
+    family, kind_type = _family(name, kind, unit)
     if kind_type == "histogram":
         return (f"{family}_bucket", f"{family}_count", f"{family}_sum")
     return (family + _TOTAL,) if kind_type == "counter" else (family,)
 
 
-def _claims(name: str, unit: str, kind: str) -> tuple[str, ...]:
-    return (prometheus_name(name, unit, kind), *prometheus_sample_names(name, unit, kind))
+def _claims(name: str, kind: str, unit: str) -> tuple[str, ...]:
+    return (prometheus_name(name, kind, unit), *prometheus_sample_names(name, kind, unit))
 
 
 def check_prometheus_names(
@@ -180,10 +180,10 @@ def check_prometheus_names(
     """
     claimed: dict[str, tuple[str, str]] = {}
     for name, kind, unit in existing:
-        for exposed in _claims(name, unit, kind):
+        for exposed in _claims(name, kind, unit):
             claimed.setdefault(exposed, (name, kind))
     for name, kind, unit in new:
-        for exposed in _claims(name, unit, kind):
+        for exposed in _claims(name, kind, unit):
             other = claimed.get(exposed)
             if other is not None and other[0] != name:
                 raise ValueError(

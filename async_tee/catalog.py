@@ -65,7 +65,7 @@ def _entry(
 ) -> CatalogEntry:
     return CatalogEntry(
         name=name,
-        prometheus_name=prometheus_name(name, unit, kind),
+        prometheus_name=prometheus_name(name, kind, unit),
         kind=kind,
         unit=unit,
         attributes=tuple(attributes),

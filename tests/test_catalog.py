@@ -117,19 +117,19 @@ CASES = [
 def test_prometheus_name_agrees_with_the_real_exporter(name, unit, kind):
     text = exposition(lambda provider: emit(provider.get_meter("t"), name, unit, kind))
     types, samples = parse(text)
-    assert list(types) == [prometheus_name(name, unit, kind)], text
-    assert samples == set(prometheus_sample_names(name, unit, kind)), text
+    assert list(types) == [prometheus_name(name, kind, unit)], text
+    assert samples == set(prometheus_sample_names(name, kind, unit)), text
 
 
 def test_measured_examples():
-    assert prometheus_name("rl.reward.mean", "", "gauge") == "rl_reward_mean"
-    assert prometheus_name("rl.vllm.prompt_tokens", "{token}", "counter") == (
+    assert prometheus_name("rl.reward.mean", "gauge", "") == "rl_reward_mean"
+    assert prometheus_name("rl.vllm.prompt_tokens", "counter", "{token}") == (
         "rl_vllm_prompt_tokens_total"
     )
-    assert prometheus_name("rl.efficiency.seconds", "s", "gauge") == "rl_efficiency_seconds"
-    assert prometheus_name("rl.setup.duration", "s", "gauge") == "rl_setup_duration_seconds"
+    assert prometheus_name("rl.efficiency.seconds", "gauge", "s") == "rl_efficiency_seconds"
+    assert prometheus_name("rl.setup.duration", "gauge", "s") == "rl_setup_duration_seconds"
     with pytest.raises(ValueError, match="unknown metric kind"):
-        prometheus_name("rl.x", "", "summary")
+        prometheus_name("rl.x", "summary", "")
 
 
 def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls):

@@ -125,6 +125,8 @@ def export_one(protocol: str, grpc_port: int, http_port: int, name: str, value: 
     provider.get_meter("cli-test").create_gauge(name, unit="s").set(value, {"proto": protocol})
     data = reader.get_metrics_data()
     provider.shutdown()
+    assert data is not None
+    exporter: GrpcExporter | HttpExporter
     if protocol == "grpc":
         exporter = GrpcExporter(endpoint=f"http://127.0.0.1:{grpc_port}", insecure=True)
     else:
@@ -238,7 +240,9 @@ def test_demo_end_to_end_receives_every_default_series(tmp_path):
     # the rollout keys are logged twice a step: each delta still counts once
     for name, check in result.counter_checks.items():
         assert check["received"] == check["logged"], name
-    assert result.counter_checks["rl.vllm.generations.ok"]["logged"] > 0
+    logged = result.counter_checks["rl.vllm.generations.ok"]["logged"]
+    assert logged is not None
+    assert logged > 0
     assert result.delivered
     stats = result.stats
     assert stats["dropped"] == 0

@@ -68,6 +68,7 @@ def test_every_async_tee_name_the_readme_uses_is_exported():
 
 def test_module_state_is_a_handful_of_names():
     state = []
+    node: ast.AST
     for path in PACKAGE.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:
             targets = []
@@ -89,7 +90,7 @@ def test_module_state_is_a_handful_of_names():
         "async_tee.registry._BY_METER_LOCK",
     }
     assert mutable <= set(state)
-    global_statements = set()
+    global_statements: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Global):

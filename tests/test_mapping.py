@@ -92,7 +92,7 @@ def test_map_setup_seconds_excludes_non_numbers_and_bools():
             "_s": 9.0,
             "_time_s": 9.0,
             "enabled": 1.0,
-            7: 1.0,
+            7: 1.0,  # type: ignore[dict-item]
         }
     )
     assert result == {"good": 1.5, "int": 2.0}
@@ -265,7 +265,9 @@ def test_map_efficiency_pct_on_the_fixture():
 
 
 def test_map_efficiency_pct_nan_value_is_passed_on():
-    value, window = map_efficiency_pct({PCT: math.nan})
+    result = map_efficiency_pct({PCT: math.nan})
+    assert result is not None
+    value, window = result
     assert math.isnan(value)
     assert window == RUN_WINDOW
 

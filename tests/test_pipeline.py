@@ -229,7 +229,7 @@ def test_shutdown_twice_and_without_start_is_safe(provider):
 
 
 def test_flush_and_shutdown_from_the_worker_thread_do_not_deadlock(provider, reader):
-    results = []
+    results: list[bool] = []
 
     class CallsBack(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -257,7 +257,7 @@ def test_flush_and_shutdown_from_the_worker_thread_do_not_deadlock(provider, rea
         logging.getLogger("async_tee").removeHandler(handler)
 
 
-def run_python(code: str, timeout: float = 60.0, env: dict | None = None):
+def run_python(code: str, timeout: float = 60.0, env: dict[str, str] | None = None):
     import os
 
     full_env = {**os.environ, **(env or {})}

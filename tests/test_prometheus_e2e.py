@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from typing import Any
 
 import pytest
 from helpers import load_calls
@@ -25,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def query(port: int, expr: str) -> list[dict]:
+def query(port: int, expr: str) -> list[dict[str, Any]]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)["data"]["result"]
@@ -40,6 +41,7 @@ def prometheus_server(tmp_path):
         "scrape_configs:\n  - job_name: async_tee\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
     )
+    assert PROMETHEUS is not None
     proc = subprocess.Popen(
         [
             PROMETHEUS,

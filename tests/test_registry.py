@@ -20,7 +20,7 @@ from async_tee.registry import (
     register_metric_group,
 )
 
-NO_ATTRS = frozenset()
+NO_ATTRS: frozenset[tuple[str, str]] = frozenset()
 
 
 def attrs(**kwargs):
@@ -166,7 +166,7 @@ def test_metric_spec_validation(kwargs, match):
 
 
 def test_metric_spec_valid_forms():
-    spec = MetricSpec("h", "rl.h", kind="histogram", buckets=[0, 1, 2.5])
+    spec = MetricSpec("h", "rl.h", kind="histogram", buckets=[0, 1, 2.5])  # type: ignore[arg-type]
     assert spec.buckets == (0.0, 1.0, 2.5)
     assert all(type(b) is float for b in spec.buckets)
     assert MetricSpec("o", "rl.o", kind="observable_counter", callback=_cb).callback is _cb
@@ -517,12 +517,12 @@ def test_instrument_the_sdk_refuses_warns_once_and_never_raises(logs, spec):
     bad = RefusingMeter()
 
     def rec():
-        record_metrics(bad, "g", {"x": 1.0})
+        record_metrics(bad, "g", {"x": 1.0})  # type: ignore[arg-type]
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.x" in message
     assert bad.attempts == 1  # not retried every record
-    assert registry.instrument_registry(bad).counts.errors == 1
+    assert registry.instrument_registry(bad).counts.errors == 1  # type: ignore[arg-type]
 
 
 def test_refused_instrument_creation_via_create_metric_instruments(logs):
@@ -534,11 +534,11 @@ def test_refused_instrument_creation_via_create_metric_instruments(logs):
         ],
     )
     bad = RefusingMeter()
-    create_metric_instruments(bad, "g")
-    create_metric_instruments(bad, "g")
+    create_metric_instruments(bad, "g")  # type: ignore[arg-type]
+    create_metric_instruments(bad, "g")  # type: ignore[arg-type]
     assert len(warnings(logs)) == 2  # one per instrument, not per call
     assert bad.attempts == 2
-    record_metrics(bad, "g", {"x": 1.0})
+    record_metrics(bad, "g", {"x": 1.0})  # type: ignore[arg-type]
     assert len(warnings(logs)) == 2
 
 
@@ -558,8 +558,8 @@ class HistogramRefusingMeter:
 def test_one_refused_instrument_does_not_stop_the_others(meter, reader, logs):
     register_metric_group("g", [MetricSpec("h", "rl.h", kind="histogram"), MetricSpec("g", "rl.g")])
     wrapped = HistogramRefusingMeter(meter)
-    record_metrics(wrapped, "g", {"h": 1.0, "g": 2.0})
-    record_metrics(wrapped, "g", {"h": 1.0, "g": 3.0})
+    record_metrics(wrapped, "g", {"h": 1.0, "g": 2.0})  # type: ignore[arg-type]
+    record_metrics(wrapped, "g", {"h": 1.0, "g": 3.0})  # type: ignore[arg-type]
     assert collect(reader) == {("rl.g", NO_ATTRS): 3.0}
     (warning,) = warnings(logs)
     assert "rl.h" in warning.getMessage()
@@ -580,18 +580,18 @@ def test_failed_emit_warns_once_and_other_keys_still_record(meter, reader, logs)
     wrapped = EmitFailingMeter(meter)
 
     def rec():
-        record_metrics(wrapped, "g", {"h": 1.0, "g": 2.0})
+        record_metrics(wrapped, "g", {"h": 1.0, "g": 2.0})  # type: ignore[arg-type]
 
     message = _assert_warned_once_then_debug(logs, rec, rec)
     assert "rl.h" in message
-    assert registry.instrument_registry(wrapped).counts.errors == 2
+    assert registry.instrument_registry(wrapped).counts.errors == 2  # type: ignore[arg-type]
     assert collect(reader) == {("rl.g", NO_ATTRS): 2.0}
 
 
 def test_values_that_are_not_a_mapping_never_raise(meter, logs):
     register_metric_group("g", [MetricSpec("g", "rl.g")])
-    record_metrics(meter, "g", [("g", 1.0)])
-    record_metrics(meter, "g", None)
+    record_metrics(meter, "g", [("g", 1.0)])  # type: ignore[arg-type]
+    record_metrics(meter, "g", None)  # type: ignore[arg-type]
     assert len(warnings(logs)) == 1
     assert registry.instrument_registry(meter).counts.errors == 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import async_tee
 from async_tee._recorder import COUNTED_STEPS, CountedSteps
 
-TOKENS = ("rl.vllm.prompt_tokens", frozenset())
+TOKENS: tuple[str, frozenset[tuple[str, str]]] = ("rl.vllm.prompt_tokens", frozenset())
 
 
 def _session_total(step: object, copies: int = 1) -> float:
@@ -82,7 +83,7 @@ def test_an_unhashable_step_is_no_step_and_breaks_nothing(provider, reader, step
     assert points[("rl.reward.mean", frozenset())] == 3.0
 
 
-def _nan_session_stats() -> dict[str, object]:
+def _nan_session_stats() -> dict[str, Any]:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     try:

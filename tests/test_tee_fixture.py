@@ -14,7 +14,9 @@ from async_tee.sink import OtlpSink
 EFFICIENCY = "rl.efficiency.seconds"
 
 
-def eff(category: str, measurement: str, window: str, bucket: str) -> tuple[str, frozenset]:
+def eff(
+    category: str, measurement: str, window: str, bucket: str
+) -> tuple[str, frozenset[tuple[str, str]]]:
     return (
         EFFICIENCY,
         frozenset(
@@ -28,15 +30,15 @@ def eff(category: str, measurement: str, window: str, bucket: str) -> tuple[str,
     )
 
 
-def plain(name: str) -> tuple[str, frozenset]:
+def plain(name: str) -> tuple[str, frozenset[tuple[str, str]]]:
     return (name, frozenset())
 
 
-def setup(phase: str) -> tuple[str, frozenset]:
+def setup(phase: str) -> tuple[str, frozenset[tuple[str, str]]]:
     return ("rl.setup.duration", frozenset({"rl.setup.phase": phase}.items()))
 
 
-EXPECTED: dict[tuple[str, frozenset], float] = {
+EXPECTED: dict[tuple[str, frozenset[tuple[str, str]]], float] = {
     setup("vllm_init"): 71.8,
     setup("policy_init"): 94.2,
     setup("parallel_wall"): 95.0,

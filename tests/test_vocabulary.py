@@ -514,7 +514,7 @@ def test_a_default_is_not_replaced_by_another_default():
 
 def test_not_a_teed_metric_is_refused():
     with pytest.raises(ValueError, match="TeedMetric"):
-        register_teed_metrics([RecordedMetric("rl.k")])
+        register_teed_metrics([RecordedMetric("rl.k")])  # type: ignore[list-item]
 
 
 def test_registration_after_freeze_raises_naming_the_series():

@@ -46,7 +46,8 @@ def test_flush_processes_everything_put_before_it_in_order(queue, worker, seen):
 
 def test_overflow_is_counted_exactly_and_the_newest_survive(queue, worker, seen):
     for value in range(10):  # the worker sleeps a minute: nothing drains before the flush
-        queue.extend(zip(((value, 0),), queue.counter))  # put without the high-water wake
+        # put without the high-water wake
+        queue.extend(zip(((value, 0),), queue.counter, strict=False))
     assert worker.flush(5)
     assert seen == [6, 7, 8, 9]
     assert (worker.counts.recorded, worker.counts.overflow) == (4, 6)
