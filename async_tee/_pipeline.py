@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from async_tee import _caller, _series
 from async_tee._caller import Snapshot
-from async_tee._declarations import DECLARATIONS
 from async_tee._handoff import DropOldestQueue
 from async_tee._mapping import efficiency_categories
 from async_tee._provider import (
@@ -33,15 +32,9 @@ from async_tee._provider import (
 from async_tee._recorder import CountedSteps, RLRecorder
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
-from async_tee._selfmetrics import self_metric_specs
 from async_tee._version import __version__
 from async_tee.config import Settings
-from async_tee.registry import (
-    InstrumentRegistry,
-    RegistryCounts,
-    instrument_registry,
-    register_metric_group,
-)
+from async_tee.registry import InstrumentRegistry, RegistryCounts, instrument_registry
 from async_tee.vocabulary import teed_metrics
 
 if TYPE_CHECKING:
@@ -84,12 +77,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, export_stats: Any) -> bool:
+    def start(self) -> bool:
         """Build or adopt the provider, create the instruments, start the worker.
-
-        Args:
-            export_stats: The stats source of the ``async_tee.*`` callbacks, registered
-                with the self-series group the first time a session starts.
 
         Returns:
             Whether the tee is live. False (warned once) leaves it a no-op.
@@ -106,8 +95,6 @@ class Pipeline:
         self.meter = meter
         self.instruments = instrument_registry(meter)
         self.instruments.begin_session(self.settings.max_attribute_sets)
-        if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
-            register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs(export_stats))
         self.instruments.create(_series.SELF_METRIC_GROUP)
         if not ensure_metric_group_registered():
             return False

@@ -16,9 +16,13 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from async_tee import _series
+from async_tee._declarations import DECLARATIONS
 from async_tee._pipeline import Pipeline
 from async_tee._reporting import logger, warn_once
-from async_tee.config import load_settings
+from async_tee._selfmetrics import self_metric_specs
+from async_tee.config import Settings, load_settings
+from async_tee.registry import register_metric_group
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -112,7 +116,11 @@ def start_telemetry(
             return pipeline
         _install_hooks()
         try:
-            started = pipeline.start(_export_stats)
+            if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
+                # Once per process, like every group: its callbacks read the session now
+                # running (or the last one), whichever meter they were created on.
+                register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs(_export_stats))
+            started = pipeline.start()
         except Exception:  # noqa: BLE001 - a bad exporter setting must not stop training
             warn_once("start", "async_tee: could not start telemetry; the tee stays a no-op")
             started = False
@@ -178,7 +186,7 @@ def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
             return pipeline.stats(lag_percentiles)
     except Exception:  # noqa: BLE001 - observability must not break the observed
         warn_once("stats", "async_tee: computing stats failed")
-    return Pipeline(load_settings({})).stats()
+    return Pipeline(Settings()).stats()  # no session yet: every figure is zero
 
 
 def _export_stats() -> dict[str, Any]:

@@ -331,6 +331,8 @@ def test_fork_gives_the_child_its_own_working_pipeline():
             step = 0
             while not stop.is_set():
                 async_tee.tee_rl_metrics_to_otel({"reward": 1.0, "loss": 2.0}, "train", step)
+                # Step 7's counter, again and again: always the parent's latest counted step.
+                async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 1.0}, "train", 7)
                 step += 1
 
         producer = threading.Thread(target=busy, daemon=True)
@@ -343,6 +345,8 @@ def test_fork_gives_the_child_its_own_working_pipeline():
             assert s["enqueued"] == 0 and s["pending"] == 0, s  # nothing inherited
             for step in range(50):
                 async_tee.tee_rl_metrics_to_otel({"reward": 3.0}, "train", step)
+            # Step 7's delta was counted by the parent: the child's memory starts empty.
+            async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 5.0}, "train", 7)
             ok = async_tee.flush(10)
             s = async_tee.stats()
             names = {
@@ -352,9 +356,10 @@ def test_fork_gives_the_child_its_own_working_pipeline():
                 for m in sm.metrics
                 if m.name.startswith("rl.")
             }
-            # Only what the child recorded: the parent's loss is not re-exported, stale.
-            good = ok and s["recorded"] == 50 and s["dropped"] == 0
-            good = good and names == {("rl.reward.mean", 3.0)}
+            # Only what the child recorded: the parent's loss is not re-exported, stale,
+            # and its counter restarts from the child's own deltas.
+            good = ok and s["recorded"] == 51 and s["dropped"] == 0
+            good = good and names == {("rl.reward.mean", 3.0), ("rl.vllm.prompt_tokens", 5.0)}
             async_tee.shutdown_telemetry(2)
             os._exit(0 if good else 3)
         stop.set()
