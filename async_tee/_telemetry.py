@@ -27,9 +27,6 @@ from async_tee.registry import register_metric_group
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
-TelemetryHandle = Pipeline
-"""What ``start_telemetry`` returns: the session's :class:`Pipeline` (the older name)."""
-
 # The session state of the process, and why each is module-level:
 _ACTIVE: Pipeline | None = None  # the running session: flush/stats/shutdown act on it
 _LAST: Pipeline | None = None  # the last session started: stats() still reads it after shutdown
