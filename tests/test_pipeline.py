@@ -380,8 +380,7 @@ def test_fork_gives_the_child_its_own_working_pipeline():
     assert elapsed < 30
 
 
-def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(provider, caplog):
-    caplog.set_level(logging.DEBUG, logger="async_tee")
+def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(provider, logs):
     async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0)
     for step in range(200):  # far faster than the worker can take the GIL: overflow
         async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step)
@@ -390,7 +389,7 @@ def test_overflow_warns_once_when_loss_starts_and_once_when_it_recovers(provider
     assert dropped > 0
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 999)  # a calm cycle
     assert async_tee.flush(BOUND_S)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [r.getMessage() for r in logs.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings
     assert "overflowed" in warnings[0]
     assert "recovered" in warnings[1]
