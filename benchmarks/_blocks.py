@@ -464,10 +464,10 @@ def latency_rows(
     results: dict[str, dict[str, Any]], extra: Callable[[dict[str, Any]], str] | None = None
 ) -> list[tuple[str, ...]]:
     """One row per condition; times in µs, ratios from the median of block p50s."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for row in results.values():
         us = row["us"]
-        cells = (
+        cells: tuple[str, ...] = (
             row["label"],
             str(row["n"]),
             fmt(us["p50"]),

@@ -405,4 +405,3 @@ def publish(
     out.with_suffix(".md").write_text(markdown_page(title, report["machine"], section))
     print(f"\nwrote {out} and {out.with_suffix('.md')}")
     print(f"{Path(sys.argv[0]).stem} took {report['duration_s']:.0f} s")
-

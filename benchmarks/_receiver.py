@@ -1,4 +1,4 @@
-"""A real OTLP receiver in its own process, for ``bench_caller.py``.
+"""A real OTLP receiver in its own process, for the benchmarks (``_common.Receiver``).
 
 Usage: ``python benchmarks/_receiver.py [--stall]``. Starts an ``OtlpSink`` on an ephemeral
 gRPC port, prints that port on stdout (one line), optionally stalls every export, and runs

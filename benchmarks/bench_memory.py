@@ -13,7 +13,7 @@ RSS is read every tenth of the run, after the run, and again after ``flush`` and
 The bound: the queue holds at most ``queue_size`` items, each ``((snapshot, prefix, step,
 enqueue_ns), sequence)`` around a shallow copy of the dict, as ``tee_rl_metrics_to_otel``
 builds it; its size is ``sys.getsizeof`` of the copy, both tuples and the three ints (the
-prefix is shared). The worker also holds the batch it popped (up to ``worker.BATCH_SIZE``
+prefix is shared). The worker also holds the batch it popped (up to ``async_tee._worker.BATCH_SIZE``
 items) while it records them, so the bound is ``(queue_size + BATCH_SIZE) x item``; the
 queue-only figure is reported beside it. Growth within the bound plus 2 MiB (allocator
 slack) holds; so must the growth from the first RSS sample after ``5 x (queue_size + BATCH_SIZE)``
@@ -49,9 +49,9 @@ from _common import (
     rss_bytes,
     start_receiver,
 )
-from async_tee.worker import BATCH_SIZE
 
 import async_tee
+from async_tee._worker import BATCH_SIZE
 
 MIB = 1024 * 1024
 ALLOWANCE = 2 * MIB
@@ -100,7 +100,9 @@ def overload(calls: int, make: Callable[[int], dict[str, Any]]) -> list[tuple[in
     return samples
 
 
-def phase(name: str, calls: int, make: Callable[[int], dict[str, Any]], item: int) -> dict:
+def phase(
+    name: str, calls: int, make: Callable[[int], dict[str, Any]], item: int
+) -> dict[str, Any]:
     """One overload: RSS before, through, after, and after a flush and gc; the verdicts."""
     queue_size = async_tee.stats()["capacity"]
     bound = (queue_size + BATCH_SIZE) * item

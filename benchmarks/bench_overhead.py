@@ -43,7 +43,7 @@ from typing import Any
 
 from _common import (
     SHUTDOWN_S,
-    Pipeline,
+    Session,
     bench_parser,
     find_call,
     machine_info,
@@ -151,7 +151,7 @@ class Block:
 
 
 @contextlib.contextmanager
-def variant_context(variant: str, ports: dict[str, int]) -> Iterator[Pipeline | None]:
+def variant_context(variant: str, ports: dict[str, int]) -> Iterator[Session | None]:
     """No telemetry for ``bare``; a fresh pipeline to the named receiver otherwise."""
     if variant == "bare":
         yield None
@@ -160,7 +160,7 @@ def variant_context(variant: str, ports: dict[str, int]) -> Iterator[Pipeline | 
         yield running
 
 
-def _cpu(running: Pipeline | None, name: str) -> int | None:
+def _cpu(running: Session | None, name: str) -> int | None:
     thread = running.thread(name) if running else None
     return thread_cpu_ns(thread) if thread else None
 
@@ -180,7 +180,7 @@ def _counts() -> dict[str, int]:
 
 def run_block(
     variant: str,
-    running: Pipeline | None,
+    running: Session | None,
     length_ms: int,
     round_: int,
     cfg: Config,

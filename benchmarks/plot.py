@@ -2,9 +2,10 @@
 
 Usage: ``python benchmarks/plot.py [--report results/latest.json] [--out results/latency.png]``
 
-Each curve is one row of ``bench_caller.py`` (left panel: async_tee's conditions and its
-floor, inline and janus baselines) or of ``bench_baselines.py`` (right panel: what users
-would pick instead, beside the tee and the floor of that run): the share of calls slower
+Each curve is one row of ``bench_latency.py``'s caller table (left panel: async_tee's
+conditions and its floor, inline and janus baselines) or of its baselines table (right
+panel: what users would pick instead, beside the tee, the floor and the inline tee of the
+same run, so those three curves appear in both panels): the share of calls slower
 than x, on log-log axes, from the ``CURVE_POINTS`` quantiles each row keeps (pooled over
 its blocks). Far left and low is good; a curve's knee is its typical cost and its tail
 to the right the rare stalls. Paced (trainer-pace) rows are dashed. The empty-timer row is
@@ -24,8 +25,8 @@ from _common import RESULTS
 DEFAULT_REPORT = RESULTS / "latest.json"
 DEFAULT_OUT = RESULTS / "latency.png"
 PANELS = (
-    ("caller", "conditions", "async_tee per condition (bench_caller)"),
-    ("baselines", "variants", "what users pick instead, back to back (bench_baselines)"),
+    ("caller", "conditions", "async_tee per condition (bench_latency: caller)"),
+    ("baselines", "variants", "what users pick instead, back to back (bench_latency: baselines)"),
 )
 
 
@@ -90,10 +91,11 @@ def _draw(axis: Any, rows: dict[str, dict[str, Any]], title: str, colours: dict[
 
 def plot(report: dict[str, Any], out: Path) -> Path:
     """Write the PNG and return its path."""
-    import matplotlib
+    # matplotlib is typed, but only the bench-full extra installs it (CI has the bench one).
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
     panels = [(rows, title) for part, key, title in PANELS if (rows := _rows(report, part, key))]
     if not panels:

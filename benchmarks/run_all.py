@@ -5,15 +5,15 @@ Usage: ``python benchmarks/run_all.py [--quick] [--out PATH]``
 skipped with the reason printed).
 
 Runs, each in its own process (so one's threads, allocator state and GIL history never
-touch the next): ``bench_caller.py`` (caller latency in 8 conditions against the floor,
-the inline tee and janus), ``bench_baselines.py`` (MLflow, tensorboardX, OTel's batch log
-processor and statsd against the tee), ``bench_overhead.py`` (step time of a simulated
-training loop with and without the tee) and ``bench_memory.py`` (RSS through 10^6 calls
-against a stalled receiver). Their JSON and markdown land in ``parts/`` beside ``--out``;
-this script merges them into ``--out`` (``results/latest.json``: machine info, versions,
-every figure), writes ``latest.md`` (every table, with ratios against the floor and the
-inline tee beside absolute times, and the issue's targets with whether each holds) and
-``latency.png`` (``plot.py``).
+touch the next): ``bench_latency.py`` (caller latency in 8 conditions against the floor,
+the inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor and statsd
+against the tee: two tables from one run, the ``caller`` and ``baselines`` parts),
+``bench_overhead.py`` (step time of a simulated training loop with and without the tee)
+and ``bench_memory.py`` (RSS through 10^6 calls against a stalled receiver). Their JSON
+goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
+(``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
+(every table, with ratios against the floor and the inline tee beside absolute times, and
+the issue's targets with whether each holds) and ``latency.png`` (``plot.py``).
 
 Full: about 7 minutes on a 2-core VM. ``--quick``: a smoke run of each part (well under
 a minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
@@ -27,40 +27,53 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import bench_baselines
-import bench_caller
+import bench_latency
 import bench_memory
 import bench_overhead
 from _common import HERE, RESULTS, machine_info, machine_line, md_table, progress
 
-PARTS = ("caller", "baselines", "overhead", "memory")
-SECTIONS = {
-    "caller": ("Caller latency of the tee (bench_caller.py)", bench_caller.section),
-    "baselines": ("Against what users pick instead (bench_baselines.py)", bench_baselines.section),
+Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
+
+# The parts of the merged report, in page order, each with its title and section writer.
+SECTIONS: dict[str, Section] = {
+    **bench_latency.SECTIONS,  # "caller" and "baselines"
     "overhead": ("Training-loop overhead (bench_overhead.py)", bench_overhead.section),
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
+}
+PARTS = tuple(SECTIONS)
+# The scripts, and the parts each one's report holds: bench_latency.py measures both
+# latency tables in one run and reports each under its part's key; the others' whole
+# report is their part.
+SCRIPTS: dict[str, tuple[str, ...]] = {
+    "latency": tuple(bench_latency.SECTIONS),
+    "overhead": ("overhead",),
+    "memory": ("memory",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 
 
-def run_part(name: str, parts: Path, quick: bool) -> dict[str, Any]:
-    """Run ``bench_<name>.py`` in a child process; returns its report (or the failure)."""
-    out = parts / f"{name}.json"
+def run_script(name: str, out_dir: Path, quick: bool) -> dict[str, dict[str, Any]]:
+    """Run ``bench_<name>.py`` in a child process; returns its parts (or the failure)."""
+    out = out_dir / f"{name}.json"
     command = [sys.executable, str(HERE / f"bench_{name}.py"), "--out", str(out)]
     command += ["--quick"] if quick else []
     progress(f"\n== {' '.join(command[1:])}")
     started = time.perf_counter()
     done = subprocess.run(command, check=False)
     seconds = time.perf_counter() - started
+    parts = SCRIPTS[name]
     if done.returncode != 0 or not out.exists():
-        return {"failed": f"exit status {done.returncode}", "wall_s": seconds}
+        failure = {"failed": f"exit status {done.returncode}", "wall_s": seconds}
+        return {part: failure for part in parts}
     report = json.loads(out.read_text())
     report.pop("machine", None)  # the merged report carries one
-    report["wall_s"] = seconds
-    return report
+    if parts == (name,):
+        return {name: {**report, "wall_s": seconds}}
+    return {part: {**report[part], "wall_s": seconds} for part in parts}
 
 
 # ------------------------------------------------------------------ targets
@@ -181,13 +194,13 @@ def write_plot(report: dict[str, Any], out: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    parts_dir = args.out.parent / "parts"
     report: dict[str, Any] = {
         "machine": machine_info(),
         "config": {"quick": args.quick, "command": COMMAND},
     }
-    for name in PARTS:
-        report[name] = run_part(name, parts_dir, args.quick)
+    with tempfile.TemporaryDirectory(prefix="async-tee-bench-parts-") as parts_dir:
+        for name in SCRIPTS:
+            report.update(run_script(name, Path(parts_dir), args.quick))
     report["duration_s"] = time.perf_counter() - started
     report["targets"] = [{"target": t, "holds": h, "missed": m} for t, h, m in targets(report)]
     png = write_plot(report, args.out)
