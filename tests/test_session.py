@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -132,3 +133,24 @@ def test_a_disabled_session_reports_zeros_not_the_last_sessions(provider):
     pipeline = async_tee.start_telemetry(environ={"ASYNC_TEE_ENABLED": "0"})
     assert pipeline.threads == []
     assert async_tee.stats()["recorded"] == 0
+
+
+@pytest.mark.parametrize("enqueue", ["tee", "record"])
+def test_both_enqueue_paths_wake_the_worker_at_high_water(provider, enqueue):
+    from async_tee.vocabulary import RecordedMetric, register_recorded_metrics
+
+    register_recorded_metrics([RecordedMetric("rl.host.memory", unit="By")])
+    # The worker's own timer would not fire for 30 s: only the high-water wake drains it.
+    pipeline = async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0)
+    async_tee.tee_rl_metrics_to_otel({"reward": -1.0}, "train", -1)
+    assert async_tee.flush(5)  # the worker has drained once and sleeps on its 30 s timer
+    for step in range(6):  # the sixth put reaches three quarters of 8
+        if enqueue == "tee":
+            async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step)
+        else:
+            async_tee.record_rl_metrics({"host_memory": float(step)})
+    deadline = time.monotonic() + 10
+    while async_tee.stats()["recorded"] < 7 and time.monotonic() < deadline:
+        time.sleep(0.001)  # polling what the woken worker does; flush would wake it too
+    assert async_tee.stats()["recorded"] == 7
+    assert pipeline.worker is not None and pipeline.worker.wakes >= 2
