@@ -153,4 +153,5 @@ def test_both_enqueue_paths_wake_the_worker_at_high_water(provider, enqueue):
     while async_tee.stats()["recorded"] < 7 and time.monotonic() < deadline:
         time.sleep(0.001)  # polling what the woken worker does; flush would wake it too
     assert async_tee.stats()["recorded"] == 7
-    assert pipeline.worker is not None and pipeline.worker.wakes >= 2
+    assert pipeline.worker is not None
+    assert pipeline.worker.wakes >= 2
