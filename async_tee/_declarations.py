@@ -209,10 +209,7 @@ class MetricSpec:
         if not isinstance(self.key, str) or not self.key.isidentifier():
             raise ValueError(f"metric key {self.key!r} must be a Python identifier")
         validate_series(self.name, self.kind, self.unit)
-        if self.kind in OBSERVABLE_KINDS and self.callback is None:
-            raise ValueError(f"observable metric {self.name!r} needs a callback")
-        if self.kind not in OBSERVABLE_KINDS and self.callback is not None:
-            raise ValueError(f"metric {self.name!r} of kind {self.kind!r} cannot take a callback")
+        _check_callback(self.name, self.kind, self.callback)
         if self.buckets is not None:
             bounds = tuple(float(b) for b in self.buckets)
             if self.kind != "histogram":
