@@ -16,8 +16,9 @@ logger = logging.getLogger("async_tee")
 MAX_WARNED_KEYS = 1024
 """Distinct failure keys remembered; past this every failure is logged at debug."""
 
-_WARNED: set[str] = set()
-_SATURATED = False
+# Per process, not per session: a log should not repeat a warning because a session restarted.
+_WARNED: set[str] = set()  # the keys that have warned once
+_SATURATED = False  # whether the "too many distinct failures" warning was given
 
 
 def warn_once(key: str, message: str, *args: object) -> None:

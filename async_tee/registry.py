@@ -490,7 +490,7 @@ class InstrumentRegistry:
 # One registry per live meter, because the SDK keeps one instrument per name per meter for
 # the meter's whole life; weak, so a meter nobody holds takes its registry with it.
 _BY_METER: weakref.WeakKeyDictionary[Any, InstrumentRegistry] = weakref.WeakKeyDictionary()
-_BY_METER_LOCK = threading.Lock()
+_BY_METER_LOCK = threading.Lock()  # one registry per meter even if two threads ask at once
 
 
 def instrument_registry(meter: Meter) -> InstrumentRegistry:
@@ -541,7 +541,7 @@ def record_metrics(
 
 def _after_fork_in_child() -> None:
     global _BY_METER_LOCK
-    _BY_METER_LOCK = threading.Lock()
+    _BY_METER_LOCK = threading.Lock()  # one registry per meter even if two threads ask at once
     for registry in list(_BY_METER.values()):
         registry.after_fork_in_child()
 

@@ -45,7 +45,7 @@ _MAX_BODY_BYTES = 64 * 1024 * 1024
 _MAX_STALL_S = 600.0
 _HTTP_IDLE_TIMEOUT_S = 30.0
 _GRPC_WORKERS = 8
-_SINK_IDS = itertools.count(1)
+_SINK_IDS = itertools.count(1)  # numbers each sink's thread names in this process
 
 
 def _hashable(value: Any) -> Any:
