@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from async_tee import _caller, _series
 from async_tee._caller import Snapshot
 from async_tee._handoff import DropOldestQueue
-from async_tee._mapping import efficiency_categories
 from async_tee._provider import (
     BuiltProvider,
     build_meter_provider,
@@ -35,7 +34,6 @@ from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee._version import __version__
 from async_tee.config import Settings
 from async_tee.registry import InstrumentRegistry, RegistryCounts, instrument_registry
-from async_tee.vocabulary import teed_metrics
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
@@ -99,7 +97,7 @@ class Pipeline:
         if not ensure_metric_group_registered():
             return False
         self.instruments.create(RL_METRIC_GROUP)
-        self.recorder = RLRecorder(self.instruments, teed_metrics(), efficiency_categories())
+        self.recorder = RLRecorder.for_meter(meter)  # over this meter's registry, above
         return self._start_worker()
 
     def _start_worker(self) -> bool:
