@@ -29,8 +29,11 @@ SETUP_PREFIX = "timing/setup"
 # None counts as "" (docs/semantics.md §2); every other prefix returns before any copy.
 _TEED_PREFIXES = frozenset((*TRAIN_PREFIXES, None, SETUP_PREFIX))
 
-TeedDict: TypeAlias = "tuple[dict[Any, Any], str, Any, int]"
-"""``(metrics, prefix, step, enqueued_ns)``: one dict handed to the tee."""
+TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
+"""``(metrics, prefix, step, step_finished, enqueued_ns)``: one dict handed to the tee.
+
+``metrics`` is None for a bare end-of-step marker: a ``step_finished=True`` call on a
+prefix that is not teed."""
 
 RecordedValues: TypeAlias = "tuple[dict[Any, Any], dict[Any, Any] | None, int]"
 """``(values, attributes, enqueued_ns)``: one ``record_rl_metrics`` call."""
@@ -54,7 +57,7 @@ def attached() -> DropOldestQueue[Snapshot] | None:
 
 
 def tee_rl_metrics_to_otel(
-    metrics: Mapping[str, Any], prefix: str | None, step: Any = None
+    metrics: Mapping[str, Any], prefix: str | None, step: Any = None, step_finished: bool = False
 ) -> None:
     """Mirror one logged dict into OTel, later, on the worker. No-op unless exporting.
 
@@ -68,6 +71,10 @@ def tee_rl_metrics_to_otel(
         metrics: The dict handed to ``Logger.log_metrics``.
         prefix: Its prefix; only ``train``, ``""`` (or None) and ``timing/setup`` are teed.
         step: The step the Logger passes; counter deltas count once per step and key.
+        step_finished: True on the Logger's last call of a step, teed prefix or not: the
+            step is then complete and its values are exported promptly (a prefix that is
+            not teed enqueues only a small marker). Callers that never pass it have a
+            step completed when the first dict of a later step arrives.
 
     Never raises: ``Logger.log_metrics`` calls it unguarded on every step.
     """
@@ -76,8 +83,10 @@ def tee_rl_metrics_to_otel(
         return
     try:
         if prefix not in _TEED_PREFIXES:
+            if step_finished:
+                queue.put((None, "", step, True, monotonic_ns()))
             return
-        queue.put((dict(metrics), prefix or "", step, monotonic_ns()))
+        queue.put((dict(metrics), prefix or "", step, step_finished, monotonic_ns()))
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")

@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from async_tee import _caller, _series
 from async_tee._caller import Snapshot
+from async_tee._delivery import ExportCounts
 from async_tee._handoff import DropOldestQueue
-from async_tee._provider import (
-    BuiltProvider,
-    build_meter_provider,
-    close_servers,
-    new_export_results,
-)
+from async_tee._provider import BuiltProvider, build_meter_provider, close_servers
 from async_tee._recorder import CountedSteps, RLRecorder
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._steps import StepClock
 from async_tee._version import __version__
 from async_tee.config import Settings
 from async_tee.registry import InstrumentRegistry, RegistryCounts, instrument_registry
@@ -56,7 +53,8 @@ class Pipeline:
         recorder: Maps and records snapshots (per-session counter de-duplication).
         queue: The hand-off queue the tee puts on while this session runs.
         worker: The worker draining it.
-        export_results: Export attempts of the provider async_tee built, by result.
+        steps: The step clock: completes steps, records ``rl.step``, drives step exports.
+        export_counts: Export attempts of the provider async_tee built, by trigger, result.
     """
 
     def __init__(self, settings: Settings, meter_provider: MeterProvider | None = None) -> None:
@@ -69,7 +67,8 @@ class Pipeline:
         self.recorder: RLRecorder | None = None
         self.queue: DropOldestQueue[Snapshot] | None = None
         self.worker: Worker | None = None
-        self.export_results = new_export_results()
+        self.steps: StepClock | None = None
+        self.export_counts = ExportCounts()
         self._built: BuiltProvider | None = None
         self._lag_values: dict[str, float] = {}
 
@@ -86,7 +85,7 @@ class Pipeline:
                 catches it and leaves the tee a no-op.
         """
         if self.meter_provider is None:
-            self._built = build_meter_provider(self.settings, self.export_results)
+            self._built = build_meter_provider(self.settings, self.export_counts)
             self.meter_provider = self._built.provider
             self.owns_provider = True
         meter = self.meter_provider.get_meter("async_tee", __version__)
@@ -98,14 +97,21 @@ class Pipeline:
             return False
         self.instruments.create(RL_METRIC_GROUP)
         self.recorder = RLRecorder.for_meter(meter)  # over this meter's registry, above
+        self.steps = self._new_step_clock()
         return self._start_worker()
+
+    def _new_step_clock(self) -> StepClock:
+        reader = self._built.step_reader if self._built is not None else None
+        return StepClock(self._record_step, reader)
 
     def _start_worker(self) -> bool:
         """Start a worker on a fresh queue and point the tee at it: from here it is live."""
         from async_tee._worker import Worker  # asyncio loads here, not at import async_tee
 
         queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
-        worker = Worker(queue, self.process, self.settings.drain_interval_s, self.on_lag)
+        worker = Worker(
+            queue, self.process, self.settings.drain_interval_s, self.on_lag, self.after_drain
+        )
         queue.on_high_water = worker.wake
         if not worker.start():
             warn_once("worker:start", "async_tee: the worker did not start; the tee stays off")
@@ -133,6 +139,8 @@ class Pipeline:
         recorded = True
         if self.worker is not None:
             recorded = self.worker.stop(max(0.0, (deadline - time.monotonic()) / 2))
+            if self.steps is not None and not self.worker.thread.is_alive():
+                self.steps.close()  # the last step completes; the final export carries it
         return self._shutdown_provider(deadline) and recorded
 
     def _shutdown_provider(self, deadline: float) -> bool:
@@ -140,8 +148,7 @@ class Pipeline:
         provider = self.meter_provider
         if provider is None or not self.owns_provider:
             return True
-        results = self.export_results
-        successes_before, failures_before = results["success"], results["failure"]
+        before = self.export_counts.totals()
         # Delivery needs evidence: the final export (made by provider.shutdown) succeeded. A
         # reader stuck in an earlier export never makes it, and then nothing was delivered.
         pushes = any(name in ("otlp", "console") for name in self.settings.exporters)
@@ -161,19 +168,39 @@ class Pipeline:
         thread.join(max(0.0, deadline - time.monotonic()))
         if self._built is not None:
             close_servers(self._built.servers)
-        exported = not pushes or results["success"] > successes_before
-        return bool(outcome and outcome[0]) and exported and results["failure"] == failures_before
+        after = self.export_counts.totals()
+        exported = not pushes or after["success"] > before["success"]
+        return bool(outcome and outcome[0]) and exported and after["failure"] == before["failure"]
 
     # ------------------------------------------------------------------ the worker's calls
 
     def process(self, snapshot: Snapshot) -> None:
-        """Record one snapshot (the worker's callback)."""
-        recorder = self.recorder
+        """Record one snapshot (the worker's callback); a teed one passes the step clock."""
+        recorder, steps = self.recorder, self.steps
         assert recorder is not None
-        if len(snapshot) == 4:
-            recorder.tee(snapshot[0], snapshot[1], snapshot[2])
+        assert steps is not None
+        if len(snapshot) == 5:
+            metrics, prefix, step, finished, enqueued_ns = snapshot
+            steps.before(step, enqueued_ns)
+            if metrics is not None:  # None: a bare end-of-step marker
+                recorder.tee(metrics, prefix, step)
+            if finished:
+                steps.finished(step)
         else:
             recorder.record(snapshot[0], snapshot[1])
+
+    def after_drain(self) -> float | None:
+        """Let the step clock settle and export (the worker's callback after each drain).
+
+        Returns:
+            Seconds until the clock needs the worker again, or None.
+        """
+        return self.steps.tick() if self.steps is not None else None
+
+    def _record_step(self, step: Any, completed_at: float) -> None:
+        """Record ``rl.step`` and ``rl.step.time`` for a step just completed."""
+        assert self.recorder is not None
+        self.recorder.record({_series.STEP.key: step, _series.STEP_TIME.key: completed_at})
 
     def on_lag(self, lag_ms: float) -> None:
         """Record one snapshot's enqueue-to-record lag (the worker's callback)."""
@@ -243,8 +270,22 @@ class Pipeline:
                 "tee": queue.caller_errors if queue is not None else 0,
                 "registry": rc.errors if rc else 0,
             },
-            "exports": dict(self.export_results),
+            "exports": self.export_counts.totals(),
+            "exports_by_trigger": self.export_counts.snapshot(),
+            "steps": self._step_stats(),
             "exporting": self.is_exporting,
+        }
+
+    def _step_stats(self) -> dict[str, Any]:
+        steps = self.steps
+        reader = self._built.step_reader if self._built is not None else None
+        superseded = reader.superseded if reader is not None else 0
+        return {
+            "last": steps.last if steps is not None else None,
+            "completed": steps.completed if steps is not None else 0,
+            "exported": (steps.exported - superseded) if steps is not None else 0,
+            "coalesced": (steps.coalesced + superseded) if steps is not None else 0,
+            "unusable": steps.unusable if steps is not None else 0,
         }
 
     # ------------------------------------------------------------------ fork
@@ -271,8 +312,8 @@ class Pipeline:
             return
         self.instruments.counts = RegistryCounts()
         self.recorder.counted = CountedSteps()
-        for result in self.export_results:
-            self.export_results[result] = 0
+        self.export_counts.reset()
+        self.steps = self._new_step_clock()
         try:
             self._start_worker()
         except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry

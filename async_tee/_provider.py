@@ -1,6 +1,8 @@
 """Build an OpenTelemetry ``MeterProvider`` from ``Settings`` (the standard ``OTEL_*`` variables).
 
 Imported only by ``start_telemetry``: this is where the SDK and the exporters are loaded.
+Push exporters (OTLP, console) run on an :class:`~async_tee._export.ExportingReader`, the
+OTLP one driven by completed steps as well as by its period.
 The provider is built with ``shutdown_on_exit=False``: the SDK's own exit hook can delay
 exit by ~20 s against a stalled collector, so async_tee registers its own, bounded one.
 """
@@ -9,19 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from async_tee._reporting import logger, warn_once
 from async_tee.config import Settings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader
 
-
-def new_export_results() -> dict[str, int]:
-    """Export attempts by result, as a session counts them (read by ``stats()``)."""
-    return {"success": 0, "failure": 0}
+    from async_tee._delivery import ExportCounts
+    from async_tee._export import ExportingReader
 
 
 @dataclasses.dataclass
@@ -36,11 +36,17 @@ class BuiltProvider:
     @property
     def threads(self) -> list[threading.Thread]:
         """The threads the provider's readers and servers run on."""
-        # The SDK's periodic reader keeps its thread in a private attribute; read it
-        # defensively, so a newer SDK that renames it only shortens this list.
-        readers = [getattr(reader, "_daemon_thread", None) for reader in self.readers]
+        readers = [getattr(reader, "thread", None) for reader in self.readers]
         found = [t for t in readers if isinstance(t, threading.Thread)]
         return found + self.server_threads
+
+    @property
+    def step_reader(self) -> ExportingReader | None:
+        """The reader the worker drives at step boundaries, if any (OTLP, step export on)."""
+        for reader in self.readers:
+            if getattr(reader, "step_aligned", False):
+                return cast("ExportingReader", reader)
+        return None
 
 
 def close_servers(servers: list[Any]) -> None:
@@ -52,38 +58,6 @@ def close_servers(servers: list[Any]) -> None:
             server.server_close()
         except Exception:  # noqa: BLE001 - shutdown must not raise
             warn_once("prometheus:close", "async_tee: closing the Prometheus server failed")
-
-
-def _tracked(exporter: MetricExporter, results: dict[str, int]) -> MetricExporter:
-    """Wrap ``exporter`` so every export's result is counted: delivery becomes observable."""
-    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
-
-    class DeliveryCountingExporter(MetricExporter):
-        def __init__(self) -> None:
-            super().__init__(
-                preferred_temporality=exporter._preferred_temporality,
-                preferred_aggregation=exporter._preferred_aggregation,
-            )
-
-        def export(
-            self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
-        ) -> MetricExportResult:
-            try:
-                result = exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-            except Exception:  # noqa: BLE001 - an exporter bug is a failed export
-                warn_once("export:raised", "async_tee: the metric exporter raised")
-                result = MetricExportResult.FAILURE
-            ok = result is MetricExportResult.SUCCESS
-            results["success" if ok else "failure"] += 1
-            return result
-
-        def force_flush(self, timeout_millis: float = 10_000) -> bool:
-            return exporter.force_flush(timeout_millis=timeout_millis)
-
-        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-            exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-    return DeliveryCountingExporter()
 
 
 def _otlp_exporter(settings: Settings) -> Any:
@@ -110,12 +84,11 @@ def _otlp_exporter(settings: Settings) -> Any:
 
 
 def _readers(
-    settings: Settings, results: dict[str, int], servers: list[Any], threads: list[threading.Thread]
+    settings: Settings, counts: ExportCounts, servers: list[Any], threads: list[threading.Thread]
 ) -> list[MetricReader]:
-    from opentelemetry.sdk.metrics.export import (
-        ConsoleMetricExporter,
-        PeriodicExportingMetricReader,
-    )
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    from async_tee._export import ExportingReader
 
     readers: list[MetricReader] = []
     for name in settings.exporters:
@@ -131,10 +104,14 @@ def _readers(
         else:
             continue
         readers.append(
-            PeriodicExportingMetricReader(
-                _tracked(exporter, results),
-                export_interval_millis=settings.export_interval_ms,
-                export_timeout_millis=settings.export_timeout_ms,
+            ExportingReader(
+                exporter,
+                interval_s=settings.export_interval_ms / 1000.0,
+                timeout_s=settings.export_timeout_ms / 1000.0,
+                min_interval_s=settings.min_export_interval_s,
+                counts=counts,
+                # Only the first OTLP exporter is driven by steps; the console keeps its period.
+                step_aligned=name == "otlp" and settings.step_export,
             )
         )
     return readers
@@ -170,10 +147,10 @@ def _prometheus_reader(
     return reader
 
 
-def build_meter_provider(settings: Settings, results: dict[str, int]) -> BuiltProvider:
+def build_meter_provider(settings: Settings, counts: ExportCounts) -> BuiltProvider:
     """Build a provider with the readers ``settings`` name, or none for ``none``.
 
-    Every export's result is counted into ``results`` (``success``/``failure``).
+    Every push export's result is counted into ``counts``, by trigger.
 
     Raises:
         Exception: Whatever the SDK raises on a bad setting; ``start_telemetry`` catches it.
@@ -184,7 +161,7 @@ def build_meter_provider(settings: Settings, results: dict[str, int]) -> BuiltPr
     resource = Resource.create(dict(settings.resource_attributes))
     servers: list[Any] = []
     threads: list[threading.Thread] = []
-    readers = _readers(settings, results, servers, threads)
+    readers = _readers(settings, counts, servers, threads)
     logger.debug("async_tee: built %d metric reader(s)", len(readers))
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     return BuiltProvider(provider, readers, servers, threads)

@@ -21,16 +21,25 @@ StatsSource = Callable[[], Mapping[str, Any]]
 
 
 def _observe(stats: StatsSource, series: _series.Series) -> Callable[..., list[Observation]]:
-    field = series.stats_field
-    split_by = series.attributes[0] if series.attributes else None
+    path = series.stats_field.split(".")  # "steps.coalesced" reads stats()["steps"]["coalesced"]
+    split_by = series.attributes
 
     def callback(_options: CallbackOptions) -> list[Observation]:
         from opentelemetry.metrics import Observation
 
-        value = stats()[field]
-        if split_by is None:
+        value: Any = stats()
+        for part in path:
+            value = value[part]
+        if not split_by:
             return [Observation(value, {})]
-        return [Observation(count, {split_by: name}) for name, count in value.items()]
+        if len(split_by) == 1:
+            return [Observation(count, {split_by[0]: name}) for name, count in value.items()]
+        # Two attributes: a nested {first: {second: count}} table.
+        return [
+            Observation(count, {split_by[0]: outer, split_by[1]: inner})
+            for outer, counts in value.items()
+            for inner, count in counts.items()
+        ]
 
     return callback
 

@@ -15,6 +15,8 @@ import dataclasses
 RL_EFFICIENCY_SECONDS_METRIC = "rl.efficiency.seconds"
 RL_EFFICIENCY_PCT_METRIC = "rl.efficiency.pct"
 RL_SETUP_DURATION_METRIC = "rl.setup.duration"
+RL_STEP_METRIC = "rl.step"
+RL_STEP_TIME_METRIC = "rl.step.time"
 
 RL_EFFICIENCY_CATEGORY_ATTR = "rl.efficiency.category"
 RL_EFFICIENCY_MEASUREMENT_ATTR = "rl.efficiency.measurement"
@@ -94,7 +96,24 @@ SETUP_DURATION = Series(
     "timing/setup:*_s",
 )
 
-DERIVED: tuple[Series, ...] = (EFFICIENCY_SECONDS, EFFICIENCY_PCT, SETUP_DURATION)
+STEP = Series(
+    "step",
+    RL_STEP_METRIC,
+    "gauge",
+    "{step}",
+    "The last step completed: the step the other rl.* values of a step-aligned export belong to.",
+    logger_key="step",
+)
+STEP_TIME = Series(
+    "step_time",
+    RL_STEP_TIME_METRIC,
+    "gauge",
+    "s",
+    "Unix time at which the last step completed (its last dict was logged): a liveness signal.",
+    logger_key="step",
+)
+
+DERIVED: tuple[Series, ...] = (EFFICIENCY_SECONDS, EFFICIENCY_PCT, SETUP_DURATION, STEP, STEP_TIME)
 """The ``rl.*`` series the tee derives itself; no declared row may take their names."""
 
 
@@ -178,9 +197,18 @@ SELF: tuple[Series, ...] = (
         "async_tee.exports",
         "observable_counter",
         "{export}",
-        "Export attempts of the providers async_tee built, by result.",
-        "exports",
+        "Export attempts of the providers async_tee built, by what triggered them and result.",
+        "exports_by_trigger",
+        "trigger",
         "result",
+    ),
+    _self(
+        "steps_coalesced",
+        "async_tee.steps.coalesced",
+        "observable_counter",
+        "{step}",
+        "Completed steps whose values were not exported on their own (folded into a later export).",
+        "steps.coalesced",
     ),
     Series(
         LAG_KEY,

@@ -85,6 +85,7 @@ class Worker:
         process: Callable[[Any], None],
         drain_interval_s: float,
         on_lag: Callable[[float], None] | None = None,
+        after_drain: Callable[[], float | None] | None = None,
     ) -> None:
         """Prepare a worker; ``start`` runs it.
 
@@ -93,12 +94,15 @@ class Worker:
             process: Called on the worker thread with each item, oldest first.
             drain_interval_s: How often the worker wakes by itself.
             on_lag: Called with each item's enqueue-to-record lag in milliseconds.
+            after_drain: Called on the worker thread after each drain; returns the seconds
+                until it needs the worker again (the next wake comes no later), or None.
         """
         self.queue = queue
         self._process = process
         self._interval = drain_interval_s
         self._idle_interval = max(drain_interval_s, IDLE_DRAIN_INTERVAL_S)
         self._on_lag = on_lag
+        self._after_drain = after_drain
         self.counts = Counts(0, 0, 0, 0, 0)
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.max_lag_ms = 0.0
@@ -144,6 +148,7 @@ class Worker:
         while True:
             self.wakes += 1
             found = self.drain()
+            due = self._call_after_drain()
             self._report_loss()
             self._release_waiters()
             if self._stopping:
@@ -152,12 +157,23 @@ class Worker:
             # asyncio loop too): idle, back off to IDLE_DRAIN_INTERVAL_S; any dict found
             # brings the short interval back. Bursts still wake the worker at high water.
             sleep = self._interval if found else min(sleep * 2, self._idle_interval)
+            wait = sleep if due is None else max(0.0, min(sleep, due))
             future: asyncio.Future[None] = loop.create_future()
             self._wake_future = future
-            timer = loop.call_later(sleep, _resolve, future)
+            timer = loop.call_later(wait, _resolve, future)
             await future
             timer.cancel()
             self._wake_pending = False
+
+    def _call_after_drain(self) -> float | None:
+        if self._after_drain is None:
+            return None
+        try:
+            with self.busy:
+                return self._after_drain()
+        except Exception:  # noqa: BLE001 - the hook must not stop the loop
+            warn_once("worker:after_drain", "async_tee: the worker's after-drain step failed")
+            return None
 
     def wake(self) -> None:
         """Ask the worker to drain now. Safe from any thread; never blocks; never raises."""

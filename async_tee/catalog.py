@@ -34,7 +34,7 @@ class CatalogEntry:
             (``efficiency/<category>_s``, ``timing/setup:*_s``), or empty when it is
             recorded directly or is async_tee's own.
         description: Its help text.
-        source: ``teed``, ``recorded``, ``efficiency``, ``setup`` or ``self``.
+        source: ``teed``, ``recorded``, ``efficiency``, ``setup``, ``step`` or ``self``.
     """
 
     name: str
@@ -100,6 +100,8 @@ def series_catalog() -> list[CatalogEntry]:
         _series.EFFICIENCY_SECONDS.name: "efficiency",
         _series.EFFICIENCY_PCT.name: "efficiency",
         _series.SETUP_DURATION.name: "setup",
+        _series.STEP.name: "step",
+        _series.STEP_TIME.name: "step",
     }
     entries += [
         _entry(

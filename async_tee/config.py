@@ -32,6 +32,18 @@ ASYNC_TEE_SHUTDOWN_TIMEOUT = "ASYNC_TEE_SHUTDOWN_TIMEOUT"
 ASYNC_TEE_MAX_ATTRIBUTE_SETS = "ASYNC_TEE_MAX_ATTRIBUTE_SETS"
 """int, default 512: attribute sets kept per series; later ones are dropped and counted."""
 
+ASYNC_TEE_STEP_EXPORT = "ASYNC_TEE_STEP_EXPORT"
+"""bool, default true: export each completed step over OTLP as its own export (a provider
+async_tee builds; Prometheus is scraped and keeps its scrape interval)."""
+
+ASYNC_TEE_MIN_EXPORT_INTERVAL = "ASYNC_TEE_MIN_EXPORT_INTERVAL"
+"""float seconds, default 1.0: the least time between a step export and the export before
+it; faster steps are folded into the next export and counted."""
+
+ASYNC_TEE_RUN_ID = "ASYNC_TEE_RUN_ID"
+"""str, default the launcher's job id: the ``rl.run.id`` resource attribute (see
+``run_id``), also part of ``service.instance.id``."""
+
 ASYNC_TEE_RANK_ATTRIBUTES = "ASYNC_TEE_RANK_ATTRIBUTES"
 """bool, default true: add the distributed rank (``RANK``, ``LOCAL_RANK``, ...) to the resource."""
 
@@ -53,6 +65,9 @@ OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 OTEL_EXPORTER_PROMETHEUS_HOST = "OTEL_EXPORTER_PROMETHEUS_HOST"
 OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
+
+RUN_ID_ATTRIBUTE = "rl.run.id"
+"""The resource attribute naming the run (``run_id``)."""
 
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -82,6 +97,8 @@ class Settings:
     drain_interval_s: float = 0.05
     shutdown_timeout_s: float = 5.0
     max_attribute_sets: int = 512
+    step_export: bool = True
+    min_export_interval_s: float = 1.0
     exporters: tuple[str, ...] = ("otlp",)
     otlp_protocol: str = "grpc"
     otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
@@ -241,6 +258,45 @@ def _insecure(environ: Mapping[str, str]) -> bool | None:
     return None if found is None else _bool(environ, found[0], False)
 
 
+def _start_ticks(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (Linux), or "" if unknown.
+
+    With the pid it names one process incarnation: a pid reused later has another value.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # Field 22; the command name (field 2) may hold spaces, so split after its ")".
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return ""
+
+
+def run_id(environ: Mapping[str, str]) -> str:
+    """The run's identity (``rl.run.id``): the first found of the four sources below.
+
+    1. ``ASYNC_TEE_RUN_ID``;
+    2. ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``; its placeholder ``none`` is skipped);
+    3. ``SLURM_JOB_ID``, with ``_<SLURM_ARRAY_TASK_ID>`` for an array task;
+    4. else a local id, ``local-<host>-<pid>-<start ticks>``: of the launcher (the parent
+       process) when a rank variable says a launcher started this process, so the ranks it
+       started on one node share it; of this process otherwise. Another job, or the same
+       command run again, gets another one, so two jobs are never merged.
+    """
+    explicit = _first(environ, ASYNC_TEE_RUN_ID)
+    if explicit is not None:
+        return explicit[1]
+    elastic = _first(environ, "TORCHELASTIC_RUN_ID")
+    if elastic is not None and elastic[1].lower() != "none":
+        return elastic[1]
+    slurm = _first(environ, "SLURM_JOB_ID")
+    if slurm is not None:
+        task = _first(environ, "SLURM_ARRAY_TASK_ID")
+        return slurm[1] if task is None else f"{slurm[1]}_{task[1]}"
+    pid = os.getppid() if _first(environ, "RANK", "LOCAL_RANK") else os.getpid()
+    ticks = _start_ticks(pid)
+    return f"local-{socket.gethostname()}-{pid}" + (f"-{ticks}" if ticks else "")
+
+
 def _resource_attributes(
     environ: Mapping[str, str], ranks: bool
 ) -> tuple[tuple[str, str | int], ...]:
@@ -262,13 +318,16 @@ def _resource_attributes(
             value = environ.get(variable, "").strip()
             if value.isdigit() and attribute not in attributes:
                 attributes[attribute] = int(value)
-        if "rl.rank" in attributes:
-            # A stable identity per rank, so a restarted rank continues its own series
-            # instead of starting a new random service.instance.id (unbounded cardinality
-            # across restarts in a backend that keeps resource labels).
-            host = attributes.get("host.name") or socket.gethostname()
-            attributes.setdefault("host.name", host)
-            attributes.setdefault("service.instance.id", f"{host}/rank-{attributes['rl.rank']}")
+    # One identity per (run, rank): two jobs on a host never share one, and a rank
+    # restarted within its job continues its own series rather than starting a new
+    # random one (unbounded cardinality across restarts in a backend that keeps them).
+    run = str(attributes.setdefault(RUN_ID_ATTRIBUTE, run_id(environ)))
+    host = str(attributes.setdefault("host.name", socket.gethostname()))
+    if "rl.rank" in attributes:
+        instance = f"{run}/rank-{attributes['rl.rank']}"
+    else:
+        instance = f"{run}/{host}/pid-{os.getpid()}"
+    attributes.setdefault("service.instance.id", instance)
     return tuple(attributes.items())
 
 
@@ -289,6 +348,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_attribute_sets=_integer(
             env, ASYNC_TEE_MAX_ATTRIBUTE_SETS, defaults.max_attribute_sets, 1, 100_000
+        ),
+        step_export=_bool(env, ASYNC_TEE_STEP_EXPORT, defaults.step_export),
+        min_export_interval_s=_number(
+            env, ASYNC_TEE_MIN_EXPORT_INTERVAL, defaults.min_export_interval_s, 0.0, 3600.0
         ),
         exporters=_exporters(env),
         otlp_protocol=protocol,

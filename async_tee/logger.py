@@ -7,7 +7,7 @@ OpenTelemetry, as the original training framework's ``Logger`` does.
 If you keep your own ``Logger``, the integration is one line at the end of its
 ``log_metrics``::
 
-    async_tee.tee_rl_metrics_to_otel(metrics, prefix, step)
+    async_tee.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=step_finished)
 
 It is safe from any thread and from inside a running event loop, costs a few microseconds,
 never blocks on the collector and never raises.
@@ -106,12 +106,12 @@ class Logger:
                 metrics, step, prefix, step_metric=step_metric, step_finished=step_finished
             )
         if self.tee:
-            self._tee(metrics, prefix, step)
+            self._tee(metrics, prefix, step, step_finished)
 
-    def _tee(self, metrics: Mapping[str, Any], prefix: str, step: int) -> None:
-        """The tee call, after the fan-out. Never raises."""
+    def _tee(self, metrics: Mapping[str, Any], prefix: str, step: int, finished: bool) -> None:
+        """The tee call, after the fan-out, for every prefix (teed or not). Never raises."""
         try:
-            _metrics.tee_rl_metrics_to_otel(metrics, prefix, step)
+            _metrics.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=finished)
         except Exception:  # noqa: BLE001 - the tee's contract; guarded in case it is swapped
             warn_once("logger:tee", "async_tee: the tee raised; dict not mirrored")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 
@@ -29,8 +30,20 @@ def all_logged_text(caplog):
     return "\n".join(parts)
 
 
+IDENTITY = ("rl.run.id", "host.name", "service.instance.id")
+
+
 def resource(settings):
-    return dict(settings.resource_attributes)
+    """The resource attributes but the identity every session gets (see test_identity.py)."""
+    return {k: v for k, v in settings.resource_attributes if k not in IDENTITY}
+
+
+def without_identity(settings):
+    return dataclasses.replace(settings, resource_attributes=tuple(resource(settings).items()))
+
+
+def identity(settings):
+    return {k: v for k, v in settings.resource_attributes if k in IDENTITY}
 
 
 # ------------------------------------------------------------------------------ defaults
@@ -38,7 +51,10 @@ def resource(settings):
 
 def test_defaults(logs):
     settings = load_settings(environ={})
-    assert settings == Settings()
+    assert without_identity(settings) == Settings()
+    assert sorted(identity(settings)) == sorted(IDENTITY)
+    assert settings.step_export is True
+    assert settings.min_export_interval_s == 1.0
     assert settings.enabled is True
     assert settings.queue_size == 1024
     assert settings.drain_interval_s == 0.05
@@ -54,7 +70,7 @@ def test_defaults(logs):
     assert settings.export_timeout_ms == 30_000.0
     assert settings.prometheus_host == "127.0.0.1"
     assert settings.prometheus_port == 9464
-    assert settings.resource_attributes == ()
+    assert resource(settings) == {}
     assert warnings(logs) == []
 
 
@@ -68,7 +84,7 @@ def test_blank_values_mean_default_without_a_warning(logs):
         "OTEL_EXPORTER_OTLP_HEADERS": "",
         "OTEL_EXPORTER_OTLP_INSECURE": "",
     }
-    assert load_settings(environ=blank) == Settings()
+    assert without_identity(load_settings(environ=blank)) == Settings()
     assert warnings(logs) == []
 
 
@@ -104,7 +120,7 @@ def test_one_warning_per_malformed_variable(logs):
             "OTEL_EXPORTER_PROMETHEUS_PORT": "70000",
         }
     )
-    assert settings == Settings()
+    assert without_identity(settings) == Settings()
     found = messages(logs)
     assert len(found) == 5
     for name in (
@@ -509,9 +525,9 @@ def test_rank_variables_become_int_attributes():
     assert attributes["rl.world_size"] == 8
     for name in ("rl.rank", "rl.local_rank", "rl.world_size"):
         assert type(attributes[name]) is int
-    assert "rank-3" in attributes["service.instance.id"]
-    assert attributes["host.name"] == socket.gethostname()
-    assert attributes["service.instance.id"] == f"{socket.gethostname()}/rank-3"
+    ids = identity(settings)
+    assert ids["host.name"] == socket.gethostname()
+    assert ids["service.instance.id"] == f"{ids['rl.run.id']}/rank-3"
 
 
 def test_node_rank_prefers_group_rank():
@@ -520,12 +536,11 @@ def test_node_rank_prefers_group_rank():
     assert resource(load_settings(environ={"NODE_RANK": "5"})) == {"rl.node_rank": 5}
 
 
-def test_rank_uses_a_given_host_name_and_keeps_a_given_instance_id():
-    attributes = resource(
-        load_settings(environ={"RANK": "0", "OTEL_RESOURCE_ATTRIBUTES": "host.name=node7"})
-    )
-    assert attributes["service.instance.id"] == "node7/rank-0"
-    attributes = resource(
+def test_a_given_host_name_and_instance_id_are_kept():
+    attributes = identity(load_settings(environ={"OTEL_RESOURCE_ATTRIBUTES": "host.name=node7"}))
+    assert attributes["host.name"] == "node7"
+    assert attributes["service.instance.id"].startswith(f"{attributes['rl.run.id']}/node7/pid-")
+    attributes = identity(
         load_settings(environ={"RANK": "0", "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=mine"})
     )
     assert attributes["service.instance.id"] == "mine"
@@ -535,7 +550,8 @@ def test_rank_uses_a_given_host_name_and_keeps_a_given_instance_id():
 def test_non_integer_rank_is_ignored(raw):
     attributes = resource(load_settings(environ={"RANK": raw, "WORLD_SIZE": "4"}))
     assert attributes == {"rl.world_size": 4}
-    assert "service.instance.id" not in attributes
+    settings = load_settings(environ={"RANK": raw, "WORLD_SIZE": "4"})
+    assert "/rank-" not in identity(settings)["service.instance.id"]
 
 
 @pytest.mark.parametrize("raw", ["0", "false", "off"])

@@ -354,12 +354,15 @@ def test_fork_gives_the_child_its_own_working_pipeline():
                 for rm in reader.get_metrics_data().resource_metrics
                 for sm in rm.scope_metrics
                 for m in sm.metrics
-                if m.name.startswith("rl.")
+                if m.name.startswith("rl.") and m.name != "rl.step.time"
             }
             # Only what the child recorded: the parent's loss is not re-exported, stale,
-            # and its counter restarts from the child's own deltas.
+            # and its counter restarts from the child's own deltas. Its own step clock
+            # completed step 48 when step 49 arrived.
             good = ok and s["recorded"] == 51 and s["dropped"] == 0
-            good = good and names == {("rl.reward.mean", 3.0), ("rl.vllm.prompt_tokens", 5.0)}
+            child_series = {("rl.reward.mean", 3.0), ("rl.vllm.prompt_tokens", 5.0)}
+            child_series.add(("rl.step", 48))
+            good = good and names == child_series
             async_tee.shutdown_telemetry(2)
             os._exit(0 if good else 3)
         stop.set()

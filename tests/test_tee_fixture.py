@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
@@ -92,10 +93,15 @@ def run_fixture() -> None:
 
 def test_fixture_through_the_tee_gives_exactly_the_expected_series(provider, reader):
     async_tee.start_telemetry(provider)
+    before = time.time()
     run_fixture()
     assert async_tee.flush(10)
     got = collect(reader)
-    assert set(got) == set(EXPECTED)
+    # Step 0 (the setup call) completed when step 42's first dict arrived; 42 is still open.
+    step_series = {("rl.step", frozenset()), ("rl.step.time", frozenset())}
+    assert set(got) == set(EXPECTED) | step_series
+    assert got[("rl.step", frozenset())] == 0
+    assert before <= got[("rl.step.time", frozenset())] <= time.time()
     for key, value in EXPECTED.items():
         assert got[key] == pytest.approx(value), key
         assert type(got[key]) is float, f"{key} must be a double, got {type(got[key])}"
@@ -190,7 +196,8 @@ def test_fixture_over_real_otlp_reaches_the_receiver(sink, protocol):
     assert async_tee.flush(10)
     assert async_tee.shutdown_telemetry(10)  # the final export delivers everything
     received = {key: point for key, point in sink.latest().items() if key[0].startswith("rl.")}
-    assert set(received) == set(EXPECTED)
+    assert set(received) == set(EXPECTED) | {plain("rl.step"), plain("rl.step.time")}
+    assert received[plain("rl.step")].value == 42  # shutdown completes the open step
     for key, value in EXPECTED.items():
         point = received[key]
         assert point.value == pytest.approx(value), key
@@ -202,7 +209,7 @@ def test_fixture_over_real_otlp_reaches_the_receiver(sink, protocol):
     assert resource["service.name"] == "fixture-test"
     assert resource["rl.rank"] == 3
     assert resource["rl.world_size"] == 8
-    assert "rank-3" in resource["service.instance.id"]
+    assert resource["service.instance.id"] == f"{resource['rl.run.id']}/rank-3"
     # async_tee's own series travel with them.
     assert "async_tee.enqueued" in sink.names()
     assert "async_tee.dropped" in sink.names()

@@ -46,9 +46,9 @@ class TimedLogger(Logger):
         role = self.roles.get(threading.get_ident(), "other")
         self.samples.append((prefix, self._tee_ns.value, total, role))
 
-    def _tee(self, metrics: Mapping[str, Any], prefix: str, step: int) -> None:
+    def _tee(self, metrics: Mapping[str, Any], prefix: str, step: int, finished: bool) -> None:
         start = time.perf_counter_ns()
-        super()._tee(metrics, prefix, step)
+        super()._tee(metrics, prefix, step, finished)
         self._tee_ns.value = time.perf_counter_ns() - start
 
 

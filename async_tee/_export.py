@@ -1,0 +1,240 @@
+"""The exporting thread: one push exporter, fed on a period and with each completed step.
+
+The SDK's ``PeriodicExportingMetricReader`` collects and exports in one call, on its own
+timer, so a gauge leaves the process with whatever value it holds when the timer fires
+and most steps are never seen (docs/semantics.md §8). :class:`ExportingReader` separates
+the two halves. At a step boundary the worker calls :meth:`ExportingReader.collect_step`:
+the collection (the observable callbacks reading the tables, ~1 ms for the fixture's 43
+series) runs on the worker while the tables hold exactly that step, and the collected
+data goes into a one-slot mailbox. The exporting thread sends it. A newer step collected
+before the older one was sent replaces it (counted in :attr:`superseded`), so at most one
+export is ever pending, whatever the collector does. The thread also exports on its own
+when ``OTEL_METRIC_EXPORT_INTERVAL`` passes without an export, and once more at shutdown.
+
+Imported only when async_tee builds a provider (it subclasses the SDK's ``MetricReader``).
+Nothing here raises into the worker: a failed collection or export is counted and warned
+once, and the exporting thread survives any exception an export or a callback raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
+
+from async_tee._reporting import logger, warn_once
+
+if TYPE_CHECKING:
+    from async_tee._delivery import ExportCounts
+
+
+def _suppressed_instrumentation() -> Any:
+    """A context in which instrumented HTTP/gRPC clients do not trace the export itself."""
+    from opentelemetry import context
+
+    key = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+    if key is None:  # an API without the key: nothing to suppress
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def suppressed() -> Any:
+        token = context.attach(context.set_value(key, True))
+        try:
+            yield
+        finally:
+            context.detach(token)
+
+    return suppressed()
+
+
+class ExportingReader(MetricReader):
+    """A metric reader with its own exporting thread, driven by steps and by a period.
+
+    Attributes:
+        step_aligned: Whether the worker drives it at step boundaries (OTLP with
+            ``ASYNC_TEE_STEP_EXPORT`` on); otherwise it only exports on its period.
+        min_interval_s: The least time between a step export and the export before it.
+        counts: Export attempts by trigger and result.
+        superseded: Collected steps replaced by a newer one before they were sent.
+    """
+
+    def __init__(
+        self,
+        exporter: MetricExporter,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        min_interval_s: float,
+        counts: ExportCounts,
+        step_aligned: bool,
+    ) -> None:
+        """Start the exporting thread (named ``async-tee-export``)."""
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self._exporter = exporter
+        self._interval_s = interval_s
+        self._timeout_ms = timeout_s * 1000.0
+        self.min_interval_s = min_interval_s
+        self.counts = counts
+        self.step_aligned = step_aligned
+        self.superseded = 0
+        self._local = threading.local()  # which trigger a collection on this thread serves
+        self._last_export = time.monotonic()  # when the last export started (or the start)
+        self._last_step_collect = -float("inf")
+        self._stopped = False
+        self._init_thread()
+        if hasattr(os, "register_at_fork"):
+            reinit = weakref.WeakMethod(self._init_thread)
+
+            def after_in_child() -> None:
+                method = reinit()
+                if method is not None and not self._stopped:
+                    method()
+
+            os.register_at_fork(after_in_child=after_in_child)
+
+    def _init_thread(self) -> None:
+        """A fresh mailbox and thread (at start, and in a child after ``fork``)."""
+        self._cond = threading.Condition()
+        self._pending: tuple[Any, str, int] | None = None  # (data, trigger, handed-over seq)
+        self._stopping = False
+        self._handed = 0  # collections handed over by other threads, numbered
+        self._sent = 0  # the number of the last one exported: force_flush waits on it
+        self.thread = threading.Thread(target=self._run, name="async-tee-export", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ the worker's side
+
+    def next_step_export_at(self) -> float:
+        """The monotonic time from which a step export respects ``min_interval_s``."""
+        return max(self._last_export, self._last_step_collect) + self.min_interval_s
+
+    def collect_step(self) -> bool:
+        """Collect now for the step just completed and hand it to the exporting thread.
+
+        Called on the worker thread at a clean step boundary. Never raises.
+
+        Returns:
+            Whether the collection succeeded (the export itself happens later).
+        """
+        self._last_step_collect = time.monotonic()
+        self._local.trigger = "step"
+        try:
+            self.collect(timeout_millis=self._timeout_ms)
+        except Exception:  # noqa: BLE001 - a callback's failure must not reach the worker
+            self.counts.add("step", ok=False)
+            warn_once("export:collect", "async_tee: collecting a step's metrics failed")
+            return False
+        finally:
+            self._local.trigger = None
+        return True
+
+    def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **_: Any) -> None:
+        trigger = getattr(self._local, "trigger", None)
+        if threading.current_thread() is self.thread:
+            self._send(metrics_data, trigger or "interval")
+            return
+        with self._cond:
+            if self._pending is not None and self._pending[1] == "step":
+                self.superseded += 1
+            self._handed += 1
+            self._pending = (metrics_data, trigger or "flush", self._handed)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the exporting thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    wait = self._last_export + self._interval_s - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                if self._stopping:
+                    break
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                self._send(*pending)
+            else:
+                self._collect_here("interval")
+        self._collect_here("shutdown")
+
+    def _collect_here(self, trigger: str) -> None:
+        """Collect and export on the exporting thread. Never raises."""
+        self._local.trigger = trigger
+        try:
+            self.collect(timeout_millis=self._timeout_ms)
+        except Exception:  # noqa: BLE001 - a slow or raising callback must not end the thread
+            self.counts.add(trigger, ok=False)
+            self._last_export = time.monotonic()
+            warn_once("export:collect", "async_tee: collecting metrics for an export failed")
+        finally:
+            self._local.trigger = None
+
+    def _send(self, metrics_data: Any, trigger: str, seq: int = 0) -> None:
+        """Export one collection, count its result. Never raises."""
+        self._last_export = time.monotonic()
+        try:
+            with _suppressed_instrumentation():
+                result = self._exporter.export(metrics_data, timeout_millis=self._timeout_ms)
+            ok = result is MetricExportResult.SUCCESS
+        except Exception:  # noqa: BLE001 - an exporter bug is a failed export
+            warn_once("export:raised", "async_tee: the metric exporter raised")
+            ok = False
+        self.counts.add(trigger, ok)
+        if not ok:
+            logger.debug("async_tee: a %s export failed", trigger)
+        if seq:
+            with self._cond:
+                self._sent = seq
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the SDK's calls
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Collect now and wait, at most ``timeout_millis``, until that has been exported."""
+        deadline = time.monotonic() + max(0.0, timeout_millis) / 1000.0
+        try:
+            self.collect(timeout_millis=timeout_millis)
+        except Exception:  # noqa: BLE001 - never raise into the caller
+            warn_once("export:flush", "async_tee: collecting metrics for a flush failed")
+            return False
+        with self._cond:
+            target = self._handed
+            while self._sent < target and self.thread.is_alive():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return self._sent >= target
+
+    def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
+        """Export once more, stop the thread and shut the exporter down, within the timeout.
+
+        The final export runs on the exporting thread after the one in flight, if any; a
+        step collected but not yet sent is replaced by it (the final collection holds it).
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        deadline = time.monotonic() + max(0.0, timeout_millis) / 1000.0
+        with self._cond:
+            if self._pending is not None and self._pending[1] == "step":
+                self.superseded += 1
+            self._pending = None
+            self._stopping = True
+            self._cond.notify_all()
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        remaining_ms = max(0.0, deadline - time.monotonic()) * 1000.0
+        try:
+            self._exporter.shutdown(timeout_millis=remaining_ms)
+        except Exception:  # noqa: BLE001 - shutdown must not raise
+            warn_once("export:shutdown", "async_tee: shutting down the metric exporter failed")

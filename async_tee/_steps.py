@@ -1,0 +1,157 @@
+"""The worker's step clock: when a step is complete, and when its values are exported.
+
+The Logger passes a step with every dict; the clock watches them on the worker, before
+each dict is recorded (docs/semantics.md §8). A step is complete when
+
+- a dict of a later step arrives (callers that never say when a step ends), or
+- a dict said ``step_finished=True`` and no further dict of that step arrived for
+  :data:`STEP_SETTLE_S` (the Logger's efficiency dict follows the finishing call), or
+- the session ends.
+
+On completion the clock records ``rl.step`` and ``rl.step.time``; then, when a reader is
+driven by steps and ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` allows, it collects at once, while
+the tables hold exactly that step. Otherwise the step waits, still clean, until the
+interval allows (the worker wakes for it) or a dict of a later step arrives first, which
+folds it into a later export (counted in :attr:`StepClock.coalesced`). Dicts of an older
+step, or of the same step after it completed, are recorded as they come and never start
+an export. A step that cannot be compared with the previous one counts as no step.
+Runs only on the worker thread; never raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from async_tee._reporting import warn_once
+
+if TYPE_CHECKING:
+    from async_tee._export import ExportingReader
+
+STEP_SETTLE_S = 0.1
+"""How long after a ``step_finished=True`` dict more dicts of that step may still arrive."""
+
+_OPEN, _FINISHED, _COMPLETED = "open", "finished", "completed"
+
+
+class StepClock:
+    """Tracks the newest step and drives step-aligned exports; one per session.
+
+    Attributes:
+        last: The last step completed (None before the first).
+        completed: Steps completed.
+        exported: Steps collected for an export of their own.
+        coalesced: Completed steps folded into a later export instead.
+        unusable: Steps that could not be compared, treated as no step.
+    """
+
+    def __init__(
+        self,
+        record: Callable[[Any, float], None],
+        reader: ExportingReader | None = None,
+        settle_s: float = STEP_SETTLE_S,
+    ) -> None:
+        """A clock before any step.
+
+        Args:
+            record: Records ``rl.step`` and ``rl.step.time`` for a completed step.
+            reader: The reader to collect for at each completed step, if any.
+            settle_s: How long a finished step waits for late dicts of its own.
+        """
+        self._record = record
+        self._reader = reader
+        self._settle_ns = int(settle_s * 1e9)
+        self._step: Any = None  # the newest step seen
+        self._state = _COMPLETED
+        self._last_ns = 0  # enqueue time of that step's newest dict
+        self._waiting = False  # a completed step not collected yet, and still clean
+        self.last: Any = None
+        self.completed = 0
+        self.exported = 0
+        self.coalesced = 0
+        self.unusable = 0
+
+    def before(self, step: Any, enqueued_ns: int) -> None:
+        """A dict (or a bare end-of-step marker) of ``step`` is about to be recorded."""
+        if step is None:
+            return
+        try:
+            newer = self._step is None or bool(step > self._step)
+            same = not newer and bool(step == self._step)
+        except Exception:  # noqa: BLE001 - an array or an object whose comparison raises
+            self.unusable += 1
+            warn_once("steps:unusable", "async_tee: a step that cannot be compared; ignored")
+            return
+        if newer:
+            if self._step is not None and self._state != _COMPLETED:
+                self._complete()
+            # This dict dirties the tables: a waiting step is collected now or never.
+            if self._waiting and not self._try_collect(time.monotonic()):
+                self._waiting = False
+                self.coalesced += 1
+            self._step, self._state, self._last_ns = step, _OPEN, enqueued_ns
+        elif same:
+            self._last_ns = max(self._last_ns, enqueued_ns)
+
+    def finished(self, step: Any) -> None:
+        """A dict of ``step`` said ``step_finished=True`` (called after ``before``)."""
+        if self._state != _OPEN or step is None:
+            return
+        try:
+            same = bool(step == self._step)
+        except Exception:  # noqa: BLE001 - counted by before()
+            return
+        if same:
+            self._state = _FINISHED
+
+    def tick(self) -> float | None:
+        """After a drain: settle a finished step, collect a waiting one if allowed.
+
+        Returns:
+            Seconds until the clock needs the worker again, or None.
+        """
+        now = time.monotonic()
+        due: float | None = None
+        if self._state == _FINISHED:
+            settle_left = (self._last_ns + self._settle_ns - time.monotonic_ns()) / 1e9
+            if settle_left <= 0:
+                self._complete()
+            else:
+                due = settle_left
+        if self._waiting and not self._try_collect(now):
+            assert self._reader is not None  # only waiting when a reader drives exports
+            wait = self._reader.next_step_export_at() - now
+            due = wait if due is None else min(due, wait)
+        return due
+
+    def close(self) -> None:
+        """The session ends: complete the open step; the final export carries it."""
+        if self._step is not None and self._state != _COMPLETED:
+            self._complete(collect=False)
+        self._waiting = False
+
+    def _complete(self, collect: bool = True) -> None:
+        self._state = _COMPLETED
+        self.completed += 1
+        self.last = self._step
+        wall = time.time() - (time.monotonic_ns() - self._last_ns) / 1e9
+        try:
+            self._record(self._step, wall)
+        except Exception:  # noqa: BLE001 - never raise into the worker
+            warn_once("steps:record", "async_tee: recording rl.step failed")
+        if self._reader is None or not collect:
+            return
+        if self._waiting:  # the previous step never got its export
+            self.coalesced += 1
+        self._waiting = True
+        self._try_collect(time.monotonic())
+
+    def _try_collect(self, now: float) -> bool:
+        reader = self._reader
+        if reader is None or now < reader.next_step_export_at():
+            return False
+        self._waiting = False
+        if reader.collect_step():
+            self.exported += 1
+        return True
