@@ -6,9 +6,9 @@ and most steps are never seen (docs/semantics.md §8). :class:`ExportingReader` 
 the two halves. At a step boundary the worker calls :meth:`ExportingReader.collect_step`:
 the collection (the observable callbacks reading the tables, ~1 ms for the fixture's 43
 series) runs on the worker while the tables hold exactly that step, and the collected
-data goes into a one-slot mailbox. The exporting thread sends it. A newer step collected
-before the older one was sent replaces it (counted in :attr:`superseded`), so at most one
-export is ever pending, whatever the collector does. The thread also exports on its own
+data is handed to the exporting thread, which sends it. A newer step collected while an
+export is in flight replaces the one waiting behind it (counted in :attr:`superseded`), so
+at most one export is ever pending, whatever the collector does. The thread also exports on its own
 when ``OTEL_METRIC_EXPORT_INTERVAL`` passes without an export, and once more at shutdown.
 
 Imported only when async_tee builds a provider (it subclasses the SDK's ``MetricReader``).
@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
@@ -87,7 +88,6 @@ class ExportingReader(MetricReader):
         self.superseded = 0
         self._local = threading.local()  # which trigger a collection on this thread serves
         self._last_export = time.monotonic()  # when the last export started (or the start)
-        self._last_step_collect = -float("inf")
         self._stopped = False
         self._init_thread()
         if hasattr(os, "register_at_fork"):
@@ -103,7 +103,8 @@ class ExportingReader(MetricReader):
     def _init_thread(self) -> None:
         """A fresh mailbox and thread (at start, and in a child after ``fork``)."""
         self._cond = threading.Condition()
-        self._pending: tuple[Any, str, int] | None = None  # (data, trigger, handed-over seq)
+        self._queued: deque[tuple[Any, str, int]] = deque()  # (data, trigger, handed-over seq)
+        self._busy = False  # an export is in flight
         self._stopping = False
         self._handed = 0  # collections handed over by other threads, numbered
         self._sent = 0  # the number of the last one exported: force_flush waits on it
@@ -111,10 +112,6 @@ class ExportingReader(MetricReader):
         self.thread.start()
 
     # ------------------------------------------------------------------ the worker's side
-
-    def next_step_export_at(self) -> float:
-        """The monotonic time from which a step export respects ``min_interval_s``."""
-        return max(self._last_export, self._last_step_collect) + self.min_interval_s
 
     def collect_step(self) -> bool:
         """Collect now for the step just completed and hand it to the exporting thread.
@@ -124,7 +121,6 @@ class ExportingReader(MetricReader):
         Returns:
             Whether the collection succeeded (the export itself happens later).
         """
-        self._last_step_collect = time.monotonic()
         self._local.trigger = "step"
         try:
             self.collect(timeout_millis=self._timeout_ms)
@@ -142,10 +138,14 @@ class ExportingReader(MetricReader):
             self._send(metrics_data, trigger or "interval")
             return
         with self._cond:
-            if self._pending is not None and self._pending[1] == "step":
-                self.superseded += 1
+            # At most one collection waits behind an export in flight; while the thread is
+            # idle a second may queue behind the first it is about to take. A newer one
+            # replaces the newest waiting (its step is folded into this one).
+            while len(self._queued) >= (1 if self._busy else 2):
+                if self._queued.pop()[1] == "step":
+                    self.superseded += 1
             self._handed += 1
-            self._pending = (metrics_data, trigger or "flush", self._handed)
+            self._queued.append((metrics_data, trigger or "flush", self._handed))
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ the exporting thread
@@ -153,18 +153,23 @@ class ExportingReader(MetricReader):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._pending is None and not self._stopping:
+                while not self._queued and not self._stopping:
                     wait = self._last_export + self._interval_s - time.monotonic()
                     if wait <= 0:
                         break
                     self._cond.wait(wait)
                 if self._stopping:
                     break
-                pending, self._pending = self._pending, None
-            if pending is not None:
-                self._send(*pending)
-            else:
-                self._collect_here("interval")
+                queued = self._queued.popleft() if self._queued else None
+                self._busy = True
+            try:
+                if queued is not None:
+                    self._send(*queued)
+                else:
+                    self._collect_here("interval")
+            finally:
+                with self._cond:
+                    self._busy = False
         self._collect_here("shutdown")
 
     def _collect_here(self, trigger: str) -> None:
@@ -227,9 +232,8 @@ class ExportingReader(MetricReader):
         self._stopped = True
         deadline = time.monotonic() + max(0.0, timeout_millis) / 1000.0
         with self._cond:
-            if self._pending is not None and self._pending[1] == "step":
-                self.superseded += 1
-            self._pending = None
+            self.superseded += sum(1 for item in self._queued if item[1] == "step")
+            self._queued.clear()
             self._stopping = True
             self._cond.notify_all()
         self.thread.join(max(0.0, deadline - time.monotonic()))

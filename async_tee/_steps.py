@@ -12,7 +12,9 @@ On completion the clock records ``rl.step`` and ``rl.step.time``; then, when a r
 driven by steps and ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` allows, it collects at once, while
 the tables hold exactly that step. Otherwise the step waits, still clean, until the
 interval allows (the worker wakes for it) or a dict of a later step arrives first, which
-folds it into a later export (counted in :attr:`StepClock.coalesced`). Dicts of an older
+folds it into a later export (counted in :attr:`StepClock.coalesced`). The interval is
+measured on the trainer's timeline (when the dicts were logged), not on the worker's:
+a worker that woke late must not fold steps that were logged far enough apart. Dicts of an older
 step, or of the same step after it completed, are recorded as they come and never start
 an export. A step that cannot be compared with the previous one counts as no step.
 Runs only on the worker thread; never raises.
@@ -41,8 +43,10 @@ class StepClock:
     Attributes:
         last: The last step completed (None before the first).
         completed: Steps completed.
-        exported: Steps collected for an export of their own.
-        coalesced: Completed steps folded into a later export instead.
+        exported: Steps collected for an export of their own (the last one by the final
+            export at shutdown).
+        coalesced: Completed steps folded into a later export instead; with
+            ``exported`` they add up to ``completed`` once the session ended.
         unusable: Steps that could not be compared, treated as no step.
     """
 
@@ -62,6 +66,8 @@ class StepClock:
         self._record = record
         self._reader = reader
         self._settle_ns = int(settle_s * 1e9)
+        self._min_interval_ns = int(reader.min_interval_s * 1e9) if reader is not None else 0
+        self._last_collect_ns = -(2**62)  # when the last step export's step completed
         self._step: Any = None  # the newest step seen
         self._state = _COMPLETED
         self._last_ns = 0  # enqueue time of that step's newest dict
@@ -85,9 +91,10 @@ class StepClock:
             return
         if newer:
             if self._step is not None and self._state != _COMPLETED:
-                self._complete()
-            # This dict dirties the tables: a waiting step is collected now or never.
-            if self._waiting and not self._try_collect(time.monotonic()):
+                self._complete(enqueued_ns)
+            # This dict dirties the tables: a waiting step is collected now or never. Now
+            # means when the dict was logged, the trainer's time: the worker may be late.
+            if self._waiting and not self._try_collect(enqueued_ns):
                 self._waiting = False
                 self.coalesced += 1
             self._step, self._state, self._last_ns = step, _OPEN, enqueued_ns
@@ -111,27 +118,31 @@ class StepClock:
         Returns:
             Seconds until the clock needs the worker again, or None.
         """
-        now = time.monotonic()
+        now = time.monotonic_ns()
         due: float | None = None
         if self._state == _FINISHED:
-            settle_left = (self._last_ns + self._settle_ns - time.monotonic_ns()) / 1e9
-            if settle_left <= 0:
-                self._complete()
+            settled_at = self._last_ns + self._settle_ns
+            if settled_at <= now:
+                self._complete(settled_at)
             else:
-                due = settle_left
+                due = (settled_at - now) / 1e9
         if self._waiting and not self._try_collect(now):
-            assert self._reader is not None  # only waiting when a reader drives exports
-            wait = self._reader.next_step_export_at() - now
+            wait = (self._last_collect_ns + self._min_interval_ns - now) / 1e9
             due = wait if due is None else min(due, wait)
         return due
 
     def close(self) -> None:
         """The session ends: complete the open step; the final export carries it."""
+        carried = self._waiting
         if self._step is not None and self._state != _COMPLETED:
-            self._complete(collect=False)
+            self._complete(time.monotonic_ns(), collect=False)
+            carried = True
+        if carried and self._reader is not None:
+            self.exported += 1  # the final export carries it
         self._waiting = False
 
-    def _complete(self, collect: bool = True) -> None:
+    def _complete(self, at_ns: int, collect: bool = True) -> None:
+        """Complete the newest step, which ended at ``at_ns`` (monotonic, trainer's time)."""
         self._state = _COMPLETED
         self.completed += 1
         self.last = self._step
@@ -145,13 +156,15 @@ class StepClock:
         if self._waiting:  # the previous step never got its export
             self.coalesced += 1
         self._waiting = True
-        self._try_collect(time.monotonic())
+        self._try_collect(at_ns)
 
-    def _try_collect(self, now: float) -> bool:
+    def _try_collect(self, at_ns: int) -> bool:
+        """Collect the waiting step if ``at_ns`` is far enough from the last step export."""
         reader = self._reader
-        if reader is None or now < reader.next_step_export_at():
+        if reader is None or at_ns < self._last_collect_ns + self._min_interval_ns:
             return False
         self._waiting = False
+        self._last_collect_ns = at_ns
         if reader.collect_step():
             self.exported += 1
         return True

@@ -18,7 +18,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from types import TracebackType
 from typing import Any
@@ -531,6 +531,26 @@ class OtlpSink:
             attrs = frozenset((key, _hashable(value)) for key, value in point.attributes.items())
             result[(point.name, attrs)] = point
         return result
+
+    def by_step(
+        self, name: str, attributes: Mapping[str, Any] | None = None, step_series: str = "rl.step"
+    ) -> list[tuple[Any, float | int | None]]:
+        """``(step, value)`` of every export that carried ``name``, in arrival order.
+
+        The step is the ``step_series`` point of the same export (same resource, same
+        collection time), or None when that export had none: what a backend that keeps
+        every point stores for the series, one row per export.
+        """
+        wanted = dict(attributes or {})
+        steps: dict[tuple[Any, int], Any] = {}
+        rows: list[tuple[tuple[Any, int], float | int | None]] = []
+        for point in self.points():
+            export = (_hashable(point.resource), point.time_unix_nano)
+            if point.name == step_series and not point.attributes:
+                steps[export] = point.value
+            elif point.name == name and point.attributes == wanted:
+                rows.append((export, point.value))
+        return [(steps.get(export), value) for export, value in rows]
 
     def names(self) -> set[str]:
         """Return the set of metric names among the stored points."""

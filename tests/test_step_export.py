@@ -1,0 +1,161 @@
+"""Step-aligned export: every logged step reaches a real OTLP receiver as its own point.
+
+Real parts throughout: the SDK, async_tee's exporting reader and the OTLP exporters,
+talking over loopback to the suite's OTLP receiver. Steps are paced in real time because
+the step clock and the minimum export interval are about time; no test sleeps to wait
+for the worker (shutdown drains it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from helpers import own_threads
+
+import async_tee
+from async_tee.sink import OtlpSink
+
+pytestmark = pytest.mark.slow
+
+REWARD = "rl.reward.mean"
+
+
+def _environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
+    """Only the endpoint, as a user would set it (so the 60 s periodic interval), plus extra."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, **extra}
+
+
+def _reward(step: int) -> float:
+    return 100.0 + step * 1.5
+
+
+def _log_step(logger: async_tee.Logger, step: int, finished: bool) -> None:
+    """One step the way the Logger logs it: train dicts, then the finishing timing dict."""
+    logger.log_metrics({"reward": _reward(step), "loss": 1.0 / (step + 1)}, step, "train")
+    logger.log_metrics({"total_step_time": 1.0}, step, "timing/train", step_finished=finished)
+
+
+def _run_steps(count: int, step_s: float, finished: bool = True) -> None:
+    logger = async_tee.Logger()
+    started = time.monotonic()
+    for step in range(count):
+        _log_step(logger, step, finished)
+        time.sleep(max(0.0, started + (step + 1) * step_s - time.monotonic()))  # the pace
+
+
+def _distinct(rows: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Rows with consecutive repeats removed (the shutdown export repeats the last step)."""
+    out: list[tuple[Any, Any]] = []
+    for row in rows:
+        if not out or out[-1] != row:
+            out.append(row)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("step_s", "extra", "finished"),
+    [
+        (1.2, {}, True),  # the defaults: 60 s periodic, 1 s minimum
+        (1.2, {}, False),  # a caller that never says a step finished (the seed's Logger)
+        (0.1, {"ASYNC_TEE_MIN_EXPORT_INTERVAL": "0.05"}, True),
+    ],
+    ids=["default-1.2s", "no-step-finished-1.2s", "min-0.05-0.1s"],
+)
+def test_every_step_reaches_the_receiver_as_its_own_point(sink, step_s, extra, finished):
+    steps = 4 if step_s > 1 else 10
+    async_tee.start_telemetry(environ=_environ(sink, **extra))
+    _run_steps(steps, step_s, finished)
+    assert async_tee.shutdown_telemetry(10)
+    rows = sink.by_step(REWARD)
+    # Every step, in order, each exported with its own step number and value.
+    assert _distinct(rows) == [(step, _reward(step)) for step in range(steps)]
+    assert len(rows) <= steps + 1  # one point per step, and the final export's repeat
+    stats = async_tee.stats()
+    assert stats["steps"]["completed"] == steps
+    assert stats["steps"]["coalesced"] == 0
+    by_trigger = stats["exports_by_trigger"]
+    # Every step but the last had an export of its own; the last one too when it was
+    # finished and settled before shutdown (else the final export carries it).
+    assert by_trigger["step"]["success"] in ((steps - 1, steps) if finished else (steps - 1,))
+    assert by_trigger["step"]["failure"] == 0
+    assert by_trigger["interval"]["success"] == 0  # the 60 s period never came
+    assert by_trigger["shutdown"] == {"success": 1, "failure": 0}
+    times = sink.by_step("rl.step.time")
+    assert [step for step, _ in _distinct(times)] == list(range(steps))
+    assert all(stamp <= time.time() for _, stamp in times)
+
+
+def test_fast_steps_are_coalesced_and_counted_and_the_rate_is_bounded(sink):
+    min_interval = 0.5
+    async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="0.5"))
+    started = time.monotonic()
+    steps = 120
+    _run_steps(steps, 0.02)
+    elapsed = time.monotonic() - started
+    assert async_tee.shutdown_telemetry(10)
+    stats = async_tee.stats()
+    step_exports = stats["exports_by_trigger"]["step"]["success"]
+    assert 1 <= step_exports <= elapsed / min_interval + 1
+    assert stats["steps"]["completed"] == steps
+    assert stats["steps"]["coalesced"] + stats["steps"]["exported"] == steps
+    assert stats["steps"]["coalesced"] >= steps - step_exports - 1
+    rows = sink.by_step(REWARD)
+    # Step exports are spaced by the minimum interval on the trainer's timeline; their
+    # collection times (when the worker got to them) are never bunched far below it.
+    stamps = sorted({p.time_unix_nano for p in sink.points() if p.name == REWARD})
+    gaps = [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
+    assert all(gap >= min_interval / 2 for gap in gaps[:-1]), gaps  # the last: shutdown
+    # Each exported point is a step's own value, and the last step always arrives.
+    assert all(value == _reward(step) for step, value in rows)
+    assert rows[-1] == (steps - 1, _reward(steps - 1))
+
+
+def test_a_stalled_collector_costs_one_pending_export_and_shutdown_keeps_its_deadline(sink):
+    async_tee.start_telemetry(
+        environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="0", OTEL_EXPORTER_OTLP_TIMEOUT="30")
+    )
+    logger = async_tee.Logger()
+    _log_step(logger, 0, True)
+    assert sink.wait_for(lambda s: sum(s.requests.values()) >= 1, 10)
+    sink.stall()  # every export from here hangs
+    threads = sorted(own_threads())
+    for step in range(1, 1001):
+        _log_step(logger, step, True)
+        if step % 100 == 0:
+            assert async_tee.flush(10)
+            assert sorted(own_threads()) == threads  # no thread per export
+    stats = async_tee.stats()
+    assert stats["dropped"] == 0
+    assert stats["steps"]["completed"] >= 999
+    # One export in flight, at most one pending: every other step was folded.
+    in_flight_or_done = sum(stats["exports_by_trigger"]["step"].values())
+    assert in_flight_or_done <= 1
+    assert stats["steps"]["coalesced"] >= 990
+    started = time.monotonic()
+    delivered = async_tee.shutdown_telemetry(1.0)
+    assert time.monotonic() - started < 1.0 + 2.0  # the deadline, plus a noisy machine
+    assert delivered is False  # nothing of the last steps left the process: said so
+    sink.unstall()
+
+
+def test_step_export_off_leaves_the_periodic_export(sink):
+    async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0"))
+    _run_steps(3, 0.05)
+    assert async_tee.shutdown_telemetry(10)
+    stats = async_tee.stats()
+    assert stats["exports_by_trigger"]["step"] == {"success": 0, "failure": 0}
+    assert stats["exports_by_trigger"]["shutdown"]["success"] == 1
+    assert stats["steps"]["completed"] == 3  # rl.step is still kept
+    assert sink.by_step(REWARD) == [(2, _reward(2))]
+
+
+def test_a_provider_passed_in_is_not_driven(provider, reader):
+    async_tee.start_telemetry(provider)
+    _run_steps(3, 0.0, finished=False)
+    assert async_tee.flush(10)
+    stats = async_tee.stats()
+    assert stats["steps"]["completed"] == 2  # step 2 stays open until a later one
+    assert stats["steps"]["exported"] == 0
+    assert sum(stats["exports"].values()) == 0
