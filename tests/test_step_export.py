@@ -8,6 +8,7 @@ for the worker (shutdown drains it).
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -105,7 +106,7 @@ def test_fast_steps_are_coalesced_and_counted_and_the_rate_is_bounded(sink):
     # Step exports are spaced by the minimum interval on the trainer's timeline; their
     # collection times (when the worker got to them) are never bunched far below it.
     stamps = sorted({p.time_unix_nano for p in sink.points() if p.name == REWARD})
-    gaps = [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(stamps)]
     assert all(gap >= min_interval / 2 for gap in gaps[:-1]), gaps  # the last: shutdown
     # Each exported point is a step's own value, and the last step always arrives.
     assert all(value == _reward(step) for step, value in rows)
