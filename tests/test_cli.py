@@ -237,6 +237,11 @@ def test_demo_end_to_end_receives_every_default_series(tmp_path):
     }
     assert categories == set(default_rows.EFFICIENCY_CATEGORIES)
     assert {"async_tee.enqueued", "async_tee.dropped", "async_tee.lag"} <= received
+    # Step-aligned export: every step each series was logged in arrived as its own point.
+    per_step = [s for s in result.series if s.steps_logged is not None]
+    assert {s.name for s in per_step} >= {"rl.reward.mean", "rl.step", "rl.setup.duration"}
+    for s in per_step:
+        assert s.steps_received == s.steps_logged, s.name
     # the rollout keys are logged twice a step: each delta still counts once
     for name, check in result.counter_checks.items():
         assert check["received"] == check["logged"], name

@@ -58,21 +58,28 @@ def render_result(result: DemoResult) -> str:
     else:
         out.append(
             f"Series received by the sink: the last point of each series and attribute set "
-            f"({len(result.series)}):"
+            f"({len(result.series)}), and the steps logged vs the steps whose own values "
+            "arrived (each in an export carrying its rl.step):"
         )
         rows = [
             [
                 s.name,
                 _format_value(s.value),
                 s.unit,
+                "" if s.steps_logged is None else f"{s.steps_received}/{s.steps_logged}",
                 " ".join(f"{k}={v}" for k, v in s.attributes.items()),
             ]
             for s in result.series
         ]
-        out += [
-            "  " + line
-            for line in _table(["series", "value", "unit", "attributes"], rows, frozenset({1}))
-        ]
+        header = ["series", "value", "unit", "steps", "attributes"]
+        out += ["  " + line for line in _table(header, rows, frozenset({1, 3}))]
+        short = [s for s in result.series if (s.steps_received or 0) < (s.steps_logged or 0)]
+        out.append(
+            f"  Steps: {len(short)} series missed steps (folded into later exports: see "
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL)."
+            if short
+            else "  Steps: every logged step of every series arrived as its own point."
+        )
     if result.missing_defaults:
         if result.series:  # (with nothing received, the line above already said so)
             out.append("")

@@ -56,6 +56,9 @@ class ReceivedSeries:
         value: The number, or for a histogram ``count`` and ``sum`` as text.
         unit: The series unit.
         kind: ``gauge``, ``sum`` or ``histogram`` (as received on the wire).
+        steps_logged: The steps the run logged this series in (None: not a logged series).
+        steps_received: How many of those reached the sink in an export carrying that
+            step's number (``rl.step``): with step-aligned export, all of them.
     """
 
     name: str
@@ -63,6 +66,8 @@ class ReceivedSeries:
     value: float | int | str | None
     unit: str
     kind: str
+    steps_logged: int | None = None
+    steps_received: int | None = None
 
 
 @dataclasses.dataclass
@@ -184,9 +189,22 @@ def _label(name: str, attributes: Mapping[str, str]) -> str:
     return f"{name}{{{inner}}}" if inner else name
 
 
-def _received(sink: OtlpSink) -> list[ReceivedSeries]:
+def _steps_logged(name: str, steps: int) -> set[int]:
+    """The steps the demo logs ``name`` in: start-up phases at step 0, the rest every step."""
+    if not name.startswith("rl."):
+        return set()
+    return {0} if name == _series.SETUP_DURATION.name else set(range(steps))
+
+
+def _received(sink: OtlpSink, steps: int) -> list[ReceivedSeries]:
     series = []
     for point in sink.latest().values():
+        logged = _steps_logged(point.name, steps)
+        if point.name == _series.STEP.name:  # its own values are the steps
+            exported = {p.value for p in sink.points() if p.name == point.name}
+        else:
+            exported = {step for step, _ in sink.by_step(point.name, point.attributes)}
+        received = len(logged & exported) if logged else None
         value: float | int | str | None = point.value
         if point.value_type == "histogram":
             value = f"count={point.count} sum={point.sum:.6g}" if point.sum is not None else None
@@ -194,7 +212,17 @@ def _received(sink: OtlpSink) -> list[ReceivedSeries]:
         attributes = dict(
             sorted(point.attributes.items(), key=lambda kv: (kv[0] not in _LEADING, kv[0]))
         )
-        series.append(ReceivedSeries(point.name, attributes, value, point.unit, point.kind))
+        series.append(
+            ReceivedSeries(
+                point.name,
+                attributes,
+                value,
+                point.unit,
+                point.kind,
+                len(logged) if logged else None,
+                received,
+            )
+        )
     series.sort(key=lambda s: (s.name, [str(v) for v in s.attributes.values()]))
     return series
 
@@ -335,6 +363,8 @@ def _run(
                 "OTEL_METRIC_EXPORT_INTERVAL": str(EXPORT_INTERVAL_MS),
             }
         )
+        # Every step its own export, at the demo's short steps too (the default is 1 s).
+        env.setdefault("ASYNC_TEE_MIN_EXPORT_INTERVAL", str(min(1.0, step_seconds / 2)))
         env.setdefault("OTEL_SERVICE_NAME", "async-tee-demo")
     simulation = GrpoSimulation(steps, seed)
     backend = JsonlBackend(path)
@@ -409,7 +439,7 @@ def _run(
         delivered = async_tee.shutdown_telemetry(shutdown_timeout_s)
         shutdown_seconds = time.perf_counter() - started
         backend.close()
-        series = _received(sink) if sink is not None else None
+        series = _received(sink, steps) if sink is not None else None
         if sink is not None:
             sink.close()
             # shutdown_telemetry keeps to its deadline even if the SDK does not; with a
