@@ -1,7 +1,7 @@
 """The worker's step clock: when a step is complete, and when its values are exported.
 
 The Logger passes a step with every dict; the clock watches them on the worker, before
-each dict is recorded (docs/semantics.md §8). A step is complete when
+each dict is recorded (docs/semantics.md §9). A step is complete when
 
 - a dict of a later step arrives (callers that never say when a step ends), or
 - a dict said ``step_finished=True`` and no further dict of that step arrived for
