@@ -89,6 +89,7 @@ class ExportingReader(MetricReader):
         self._local = threading.local()  # which trigger a collection on this thread serves
         self._last_export = time.monotonic()  # when the last export started (or the start)
         self._stopped = False
+        self._abandoned = False  # shutdown's deadline passed with the thread still exporting
         self._init_thread()
         if hasattr(os, "register_at_fork"):
             reinit = weakref.WeakMethod(self._init_thread)
@@ -170,6 +171,13 @@ class ExportingReader(MetricReader):
             finally:
                 with self._cond:
                     self._busy = False
+        with self._cond:  # what was collected but not sent yet goes first, then the last state
+            if self._abandoned:  # shutdown gave up waiting: export nothing after its deadline
+                return
+            queued_at_stop = list(self._queued)
+            self._queued.clear()
+        for queued in queued_at_stop:
+            self._send(*queued)
         self._collect_here("shutdown")
 
     def _collect_here(self, trigger: str) -> None:
@@ -224,19 +232,19 @@ class ExportingReader(MetricReader):
     def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
         """Export once more, stop the thread and shut the exporter down, within the timeout.
 
-        The final export runs on the exporting thread after the one in flight, if any; a
-        step collected but not yet sent is replaced by it (the final collection holds it).
+        The exporting thread finishes the export in flight, if any, sends what is still
+        waiting, then collects and exports once more (``shutdown``), all by the deadline.
         """
         if self._stopped:
             return
         self._stopped = True
         deadline = time.monotonic() + max(0.0, timeout_millis) / 1000.0
         with self._cond:
-            self.superseded += sum(1 for item in self._queued if item[1] == "step")
-            self._queued.clear()
             self._stopping = True
             self._cond.notify_all()
         self.thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            self._abandoned = self.thread.is_alive()
         remaining_ms = max(0.0, deadline - time.monotonic()) * 1000.0
         try:
             self._exporter.shutdown(timeout_millis=remaining_ms)

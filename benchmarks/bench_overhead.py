@@ -65,7 +65,7 @@ STEP_LENGTHS_MS = (1, 10, 100, 1000)
 QUICK_STEP_LENGTHS_MS = (1, 10, 100)
 VARIANTS = ("bare", "healthy", "stalled")
 WORKER = "async-tee-worker"
-EXPORTER = "OtelPeriodicExportingMetricReader"
+EXPORTER = "async-tee-export"
 
 # ------------------------------------------------------------------ the simulated step
 

@@ -8,15 +8,17 @@ Runs, each in its own process (so one's threads, allocator state and GIL history
 touch the next): ``bench_latency.py`` (caller latency in 8 conditions against the floor,
 the inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor and statsd
 against the tee: two tables from one run, the ``caller`` and ``baselines`` parts),
-``bench_overhead.py`` (step time of a simulated training loop with and without the tee)
-and ``bench_memory.py`` (RSS through 10^6 calls against a stalled receiver). Their JSON
+``bench_overhead.py`` (step time of a simulated training loop with and without the tee),
+``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
+against periodic export) and ``bench_memory.py`` (RSS through 10^6 calls against a
+stalled receiver). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
 the issue's targets with whether each holds) and ``latency.png`` (``plot.py``).
 
-Full: about 7 minutes on a 2-core VM. ``--quick``: a smoke run of each part (well under
-a minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
+Full: about 9.5 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_export
 import bench_latency
 import bench_memory
 import bench_overhead
@@ -42,6 +45,7 @@ Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
 SECTIONS: dict[str, Section] = {
     **bench_latency.SECTIONS,  # "caller" and "baselines"
     "overhead": ("Training-loop overhead (bench_overhead.py)", bench_overhead.section),
+    "export": ("Step-aligned export CPU (bench_export.py)", bench_export.section),
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
 }
 PARTS = tuple(SECTIONS)
@@ -51,6 +55,7 @@ PARTS = tuple(SECTIONS)
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "latency": tuple(bench_latency.SECTIONS),
     "overhead": ("overhead",),
+    "export": ("export",),
     "memory": ("memory",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
@@ -93,6 +98,11 @@ def caller_targets(caller: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
+def _opt(value: float | None, spec: str) -> str:
+    """A figure, or ``n/a`` where the part could not measure it."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The worker's CPU per GRPO step (reported, no limit) and the step-time overhead."""
     rows = []
@@ -102,9 +112,44 @@ def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(
             (
                 f"worker CPU per step, {cell['step_ms']} ms steps, {cell['variant']}",
-                f"{cell['worker_cpu_per_step_us']:.0f} µs/step "
-                f"({cell['threads_cpu_pct_of_step']:.3f} % of the step with the exporter); "
-                f"step time {cell['overhead_pct_mean']:+.1f} % (mean)",
+                f"{_opt(cell['worker_cpu_per_step_us'], '.0f')} µs/step "
+                f"({_opt(cell['threads_cpu_pct_of_step'], '.3f')} % of the step with the "
+                f"exporter); step time {_opt(cell['overhead_pct_mean'], '+.1f')} % (mean)",
+                "reported",
+            )
+        )
+    return rows
+
+
+def export_targets(export: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Whether every step got its own export, and the CPU per export (reported)."""
+    cells = export.get("cells", [])
+    rows = []
+    for cell in cells:
+        if cell["mode"] != "step":
+            continue
+        steps = cell["after_shutdown"]["steps"]
+        figures = (
+            f"{cell['step_s']:g} s steps: {steps['exported']}/{steps['completed']} exported, "
+            f"{steps['coalesced']} coalesced"
+        )
+        holds = not cell["warnings"]
+        rows.append(
+            ("every step exported on its own", figures if holds else "-", "-" if holds else figures)
+        )
+    for ratio in export.get("ratios", []):
+        by_mode = {c["mode"]: c for c in cells if c["step_s"] == ratio["step_s"]}
+        p50s = {
+            mode: (cell.get("exporter_cpu_per_export_us") or {}).get("p50")
+            for mode, cell in by_mode.items()
+        }
+        rows.append(
+            (
+                f"exporting thread CPU per export, {ratio['step_s']:g} s steps",
+                f"p50 {_opt(p50s.get('step'), '.0f')} µs step-aligned, "
+                f"{_opt(p50s.get('periodic'), '.0f')} µs periodic "
+                f"(x{_opt(ratio['exporter_cpu_per_export_p50'], '.2f')}); all threads per "
+                f"step x{_opt(ratio['threads_cpu_per_step_total'], '.2f')}",
                 "reported",
             )
         )
@@ -132,6 +177,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return (
         caller_targets(report.get("caller", {}))
         + overhead_targets(report.get("overhead", {}))
+        + export_targets(report.get("export", {}))
         + memory_targets(report.get("memory", {}))
     )
 

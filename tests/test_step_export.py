@@ -160,3 +160,73 @@ def test_a_provider_passed_in_is_not_driven(provider, reader):
     assert stats["steps"]["completed"] == 2  # step 2 stays open until a later one
     assert stats["steps"]["exported"] == 0
     assert sum(stats["exports"].values()) == 0
+
+
+def test_a_step_waiting_for_the_interval_is_exported_when_it_allows(sink):
+    async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="1.0"))
+    logger = async_tee.Logger()
+    _log_step(logger, 0, True)
+    assert sink.wait_for(lambda s: s.by_step(REWARD) == [(0, _reward(0))], 10)
+    _log_step(logger, 1, True)  # finished well within the interval: it waits, clean
+    # No later dict comes: the worker wakes when the interval allows and exports step 1.
+    assert sink.wait_for(lambda s: (1, _reward(1)) in s.by_step(REWARD), 10)
+    assert async_tee.shutdown_telemetry(10)
+    stats = async_tee.stats()
+    assert stats["exports_by_trigger"]["step"]["success"] == 2
+    assert stats["steps"]["coalesced"] == 0
+
+
+def test_older_and_late_dicts_are_recorded_but_start_no_export(sink):
+    async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="0"))
+    tee = async_tee.tee_rl_metrics_to_otel
+    tee({"reward": 1.0}, "train", 5)
+    tee({"reward": 2.0}, "train", 6)  # completes 5
+    tee({"reward": 3.0}, "train", 4)  # an older step: recorded, completes nothing
+    tee({"reward": 4.0}, "train", 6)  # the open step again
+    assert async_tee.shutdown_telemetry(10)  # completes 6
+    stats = async_tee.stats()
+    assert stats["steps"]["completed"] == 2
+    assert stats["steps"]["last"] == 6
+    assert stats["exports_by_trigger"]["step"]["success"] == 1
+    assert _distinct(sink.by_step(REWARD)) == [(5, 1.0), (6, 4.0)]
+
+
+def test_a_step_that_cannot_be_compared_is_no_step(sink):
+    np = pytest.importorskip("numpy")
+    async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="0"))
+    tee = async_tee.tee_rl_metrics_to_otel
+    tee({"reward": 1.0}, "train", 1)
+    tee({"reward": 9.0}, "train", np.array([2, 3]))  # recorded; no step
+    tee({"reward": 2.0}, "train", 2)
+    assert async_tee.shutdown_telemetry(10)
+    stats = async_tee.stats()
+    assert stats["steps"]["unusable"] == 1
+    assert stats["steps"]["completed"] == 2
+    assert _distinct(sink.by_step(REWARD)) == [(1, 9.0), (2, 2.0)]
+
+
+def test_failed_step_exports_are_counted_and_not_called_delivered(sink):
+    async_tee.start_telemetry(
+        environ=_environ(sink, ASYNC_TEE_MIN_EXPORT_INTERVAL="0", OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    )
+    sink.fail(503)  # over gRPC: UNAVAILABLE, retried within the 1 s timeout, then failed
+    logger = async_tee.Logger()
+    _log_step(logger, 0, True)
+    _log_step(logger, 1, True)
+    assert async_tee.flush(10)
+    delivered = async_tee.shutdown_telemetry(3)
+    stats = async_tee.stats()
+    assert delivered is False
+    assert stats["exports"]["success"] == 0
+    assert sink.by_step(REWARD) == []
+
+
+def test_force_flush_of_the_built_provider_waits_for_its_export(sink):
+    session = async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0"))
+    async_tee.tee_rl_metrics_to_otel({"reward": 7.0}, "train", 1)
+    assert async_tee.flush(10)
+    assert session.meter_provider is not None
+    assert session.meter_provider.force_flush(10_000)
+    assert sink.by_step(REWARD) == [(None, 7.0)]  # step 1 is still open: no rl.step yet
+    assert async_tee.stats()["exports_by_trigger"]["flush"] == {"success": 1, "failure": 0}
+    assert async_tee.shutdown_telemetry(10)

@@ -1,0 +1,724 @@
+"""Step-aligned export: the CPU each export costs, against periodic export of the same loop.
+
+Usage: ``python benchmarks/bench_export.py [--quick] [--out PATH]``
+
+A simulated training loop exports over OTLP/gRPC to a real ``OtlpSink`` in another process
+(``_receiver.py``, so decoding never takes this process's GIL). Each step logs the fixture's
+calls (``tests/fixtures/grpo_step.json``, key ``calls``) through ``async_tee.Logger()`` in
+the fixture's order, ``step_finished=True`` on ``timing/train`` (the ``ray`` call keeps
+its own step axis), then sleeps until the step's deadline (deadlines are absolute, so
+steps do not drift). The fixture's ``timing/setup`` call is logged once, at step 0.
+
+Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
+``shutdown_telemetry(10)``), the two modes of one step length back to back:
+
+- ``step``: ``ASYNC_TEE_STEP_EXPORT=1`` (the default), ``OTEL_METRIC_EXPORT_INTERVAL`` left
+  at its default (60 s), so every export is a step export: the worker collects at the step
+  boundary and the ``async-tee-export`` thread sends.
+- ``periodic``: ``ASYNC_TEE_STEP_EXPORT=0`` and ``OTEL_METRIC_EXPORT_INTERVAL`` = the step
+  length, so it also exports about once per step; the exporting thread collects and sends.
+
+Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 2.3 min). ``--quick``: 2 steps
+of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
+
+Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
+the setup call and one step, then 2 s so that the first measured step is at least
+``ASYNC_TEE_MIN_EXPORT_INTERVAL`` (1 s) after the warm-up step's export (periodic: up to
+half a period more, so that the timer's exports fall mid-step, see :func:`warmup_ns`).
+The measured windows are the steps after it, from one step's start to the next's.
+
+Measurement (thread CPU time, never wall time):
+
+- Per export, inside the thread: the benchmark wraps the session reader's ``_send`` (one
+  export: encode and send over gRPC) and ``collect`` (the collection; the observable
+  callbacks) with ``time.thread_time_ns()`` (``CLOCK_THREAD_CPUTIME_ID``: nanosecond CPU
+  time of the calling thread), so each export has its own sample whatever thread does it.
+  The exporting thread's CPU per export is the send plus, in periodic mode, the
+  collection it makes itself (an export nested in a collection is subtracted from it). The
+  wrappers cost two clock reads each.
+- Per step window, whole threads: the ``async-tee-export`` and ``async-tee-worker``
+  threads' CPU clocks (``pthread_getcpuclockid``, read from the training thread at each
+  step start; nanoseconds, unlike ``/proc/self/task/<tid>/stat``'s utime+stime, which
+  counts 10 ms ticks and cannot resolve a ~1 ms export), the training thread's own, and
+  the process's (``process_time_ns``). ``other`` is the process minus those three: gRPC's
+  C-core threads. Exporting-thread diffs are one export per window in ``step`` mode (the
+  export follows the boundary by ~0.1 s), about one in ``periodic`` mode (the timer drifts
+  against the steps; windows with another count are reported).
+
+Reported per cell: percentiles (nearest rank; p50/p99/p99.9/max, n small so the tail is
+the max) and totals (sum over the measured windows, divided by steps or exports);
+``stats()["exports_by_trigger"]`` and ``stats()["steps"]`` after the measured steps and
+after shutdown. In ``step`` mode every step must get its own export (``steps.exported ==
+steps.completed``, ``coalesced == 0``, one step export per measured window); otherwise a
+WARNING line is printed and recorded. Ratios step/periodic: the exporting thread's CPU
+per export (p50 and total/exports), and all the session's threads' CPU per step.
+
+Output: a table on stdout, JSON at ``--out`` (default ``benchmarks/results/export.json``;
+with ``--quick``, a temp dir, so a smoke run never overwrites the figures).
+``run_all.py`` puts its section in ``latest.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import itertools
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+from _common import (
+    FIXTURE,
+    RESULTS,
+    bench_parser,
+    machine_info,
+    md_table,
+    percentiles,
+    progress,
+    quiet_logging,
+    start_receiver,
+    text_table,
+    thread_cpu_ns,
+)
+
+import async_tee
+from async_tee import testing
+
+WORKER = "async-tee-worker"
+EXPORTER = "async-tee-export"
+MODES = ("step", "periodic")
+FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
+QUICK_CELLS = ((1.0, 2),)
+WARMUP_S = 2.0
+SHUTDOWN_TIMEOUT_S = 10
+JOIN_S = 5.0
+FLUSH_MS = 5000
+
+# ------------------------------------------------------------------ the simulated loop
+
+
+@dataclass(frozen=True)
+class Call:
+    """One fixture call: what ``Logger.log_metrics`` is given."""
+
+    prefix: str
+    metrics: dict[str, Any]
+    step: int
+    step_metric: str | None
+    step_finished: bool
+
+
+def fixture_calls() -> tuple[Call, list[Call]]:
+    """The fixture's setup call (step 0) and one step's calls, in the fixture's order."""
+    calls = [
+        Call(
+            c["prefix"],
+            dict(c["metrics"]),
+            c["step"],
+            c.get("step_metric"),
+            bool(c.get("step_finished", False)),
+        )
+        for c in json.loads(FIXTURE.read_text())["calls"]
+    ]
+    setup = [c for c in calls if c.prefix == "timing/setup"]
+    if len(setup) != 1 or not any(c.step_finished for c in calls):
+        raise SystemExit(f"{FIXTURE}: expected one timing/setup call and a step_finished call")
+    return setup[0], [c for c in calls if c is not setup[0]]
+
+
+def log_step(logger: async_tee.Logger, calls: Iterable[Call], step: int) -> None:
+    """Log one step's calls; a call with its own step axis keeps its own step."""
+    for c in calls:
+        logger.log_metrics(
+            c.metrics,
+            c.step if c.step_metric else step,
+            c.prefix,
+            step_metric=c.step_metric,
+            step_finished=c.step_finished,
+        )
+
+
+# ------------------------------------------------------------------ the in-thread probe
+
+
+@dataclass
+class Sent:
+    """One export (the reader's ``_send``), timed on the thread that made it."""
+
+    at_ns: int  # perf_counter_ns when it started
+    trigger: str
+    thread: str
+    send_cpu_ns: int
+    send_wall_ns: int
+    collect_cpu_ns: int = 0  # the collection around it, on the same thread (periodic)
+
+    @property
+    def thread_cpu_ns(self) -> int:
+        """What this export cost the thread that sent it."""
+        return self.send_cpu_ns + self.collect_cpu_ns
+
+
+@dataclass
+class Collected:
+    """One collection (the reader's ``collect``), its own CPU (a nested export excluded)."""
+
+    at_ns: int
+    trigger: str | None
+    thread: str
+    cpu_ns: int
+
+
+@dataclass
+class Probe:
+    """Wraps a session reader's ``collect`` and ``_send`` to time each on its own thread."""
+
+    reader: Any
+    sent: list[Sent] = field(default_factory=list)
+    collected: list[Collected] = field(default_factory=list)
+    _local: threading.local = field(default_factory=threading.local)
+
+    def install(self) -> None:
+        reader = self.reader
+        collect: Callable[..., Any] = reader.collect
+        send: Callable[..., Any] = reader._send
+        clock = time.thread_time_ns
+
+        def timed_collect(*args: Any, **kwargs: Any) -> Any:
+            frame: list[Sent] = []
+            stack = self._stack()
+            stack.append(frame)
+            trigger = getattr(reader._local, "trigger", None)
+            at, cpu = perf_counter_ns(), clock()
+            try:
+                return collect(*args, **kwargs)
+            finally:
+                spent = clock() - cpu
+                stack.pop()
+                own = spent - sum(s.send_cpu_ns for s in frame)
+                for nested in frame:
+                    nested.collect_cpu_ns = own
+                self.collected.append(Collected(at, trigger, _thread_name(), own))
+
+        def timed_send(metrics_data: Any, trigger: str, *args: Any, **kwargs: Any) -> Any:
+            at, cpu = perf_counter_ns(), clock()
+            try:
+                return send(metrics_data, trigger, *args, **kwargs)
+            finally:
+                spent, wall = clock() - cpu, perf_counter_ns() - at
+                record = Sent(at, trigger, _thread_name(), spent, wall)
+                stack = self._stack()
+                if stack:
+                    stack[-1].append(record)
+                self.sent.append(record)
+
+        setattr(reader, "collect", timed_collect)  # noqa: B010 - an instance attribute
+        setattr(reader, "_send", timed_send)  # noqa: B010
+
+    def _stack(self) -> list[list[Sent]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+# ------------------------------------------------------------------ one cell
+
+
+@dataclass(frozen=True)
+class Sample:
+    """CPU clocks read at one step start (ns)."""
+
+    wall: int
+    process: int
+    main: int
+    worker: int | None
+    exporter: int | None
+
+
+def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
+    """The session's whole environment (``start_telemetry(environ=...)``)."""
+    env = {
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    if mode == "step":
+        env["ASYNC_TEE_STEP_EXPORT"] = "1"
+    else:
+        env["ASYNC_TEE_STEP_EXPORT"] = "0"
+        env["OTEL_METRIC_EXPORT_INTERVAL"] = str(round(step_s * 1000))
+    return env
+
+
+def warmup_ns(mode: str, step_s: float) -> int:
+    """From the warm-up flush to the first measured step.
+
+    ``step``: ``WARMUP_S``. ``periodic``: the interval's exports follow the flush every
+    period, so the first measured step starts half a period before one of them, at least
+    ``WARMUP_S`` after the flush: each periodic export then falls mid-window, away from
+    the step's own calls and from the window edges, whatever the timer's drift (a few ms
+    a period).
+    """
+    if mode == "step":
+        return round(WARMUP_S * 1e9)
+    periods = math.ceil(WARMUP_S / step_s + 0.5)
+    return round((periods - 0.5) * step_s * 1e9)
+
+
+def _sample(worker: threading.Thread | None, exporter: threading.Thread | None) -> Sample:
+    return Sample(
+        perf_counter_ns(),
+        time.process_time_ns(),
+        time.thread_time_ns(),
+        thread_cpu_ns(worker) if worker else None,
+        thread_cpu_ns(exporter) if exporter else None,
+    )
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    remaining = (deadline_ns - perf_counter_ns()) / 1e9
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def _thread(threads: list[threading.Thread], name: str) -> threading.Thread | None:
+    return next((t for t in threads if t.name == name), None)
+
+
+def _reader(handle: async_tee.Pipeline) -> Any:
+    """The session's OTLP ``ExportingReader`` (the one whose thread is the exporter)."""
+    built = handle._built
+    readers = [] if built is None else [r for r in built.readers if hasattr(r, "_send")]
+    if len(readers) != 1:
+        raise RuntimeError(f"expected one exporting reader, found {len(readers)}")
+    return readers[0]
+
+
+def _step_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    return {"exports_by_trigger": stats["exports_by_trigger"], "steps": stats["steps"]}
+
+
+def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
+    """Warm up, run ``steps`` measured steps, shut down; every raw figure of the cell."""
+    setup, calls = fixture_calls()
+    logger = async_tee.Logger()
+    environ = environ_for(mode, step_s, port)
+    handle = async_tee.start_telemetry(environ=environ)
+    if not handle.is_exporting:
+        raise RuntimeError("start_telemetry did not start exporting")
+    threads = list(handle.threads)
+    worker, exporter = _thread(threads, WORKER), _thread(threads, EXPORTER)
+    reader = _reader(handle)
+    probe = Probe(reader)
+    probe.install()
+    period = round(step_s * 1e9)
+    info: dict[str, Any] = {}
+    try:
+        reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
+        warm = perf_counter_ns()
+        log_step(logger, [setup], 0)
+        log_step(logger, calls, 1)
+        start = warm + warmup_ns(mode, step_s)
+        _sleep_until(start)
+        samples = []
+        for index in range(steps):
+            _sleep_until(start + index * period)
+            samples.append(_sample(worker, exporter))
+            log_step(logger, calls, 2 + index)
+        _sleep_until(start + steps * period)
+        samples.append(_sample(worker, exporter))
+        info["before_shutdown"] = _step_stats(async_tee.stats())
+    finally:
+        began = time.perf_counter()
+        info["shutdown_ok"] = async_tee.shutdown_telemetry(SHUTDOWN_TIMEOUT_S)
+        info["shutdown_s"] = time.perf_counter() - began
+        for thread in threads:
+            thread.join(max(0.0, began + JOIN_S - time.perf_counter()))
+        info["threads_left"] = [t.name for t in threads if t.is_alive()]
+        info["after_shutdown"] = _step_stats(async_tee.stats())
+        testing.reset(2.0)
+    settings = handle.settings
+    return summarise(
+        mode,
+        step_s,
+        steps,
+        samples,
+        probe,
+        info,
+        {
+            "environ": {k: v for k, v in environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
+            "step_export": settings.step_export,
+            "export_interval_ms": settings.export_interval_ms,
+            "min_export_interval_s": settings.min_export_interval_s,
+        },
+    )
+
+
+# ------------------------------------------------------------------ summaries
+
+
+def _pcts(values_ns: Iterable[int]) -> dict[str, Any] | None:
+    """Percentiles (µs) and n of nanosecond samples, or None without samples."""
+    hist = Counter(values_ns)
+    if not hist:
+        return None
+    return {"n": sum(hist.values()), **percentiles(hist)}
+
+
+def _diffs(samples: list[Sample], attr: str) -> list[int] | None:
+    values = [getattr(s, attr) for s in samples]
+    if any(v is None for v in values):
+        return None
+    return [b - a for a, b in itertools.pairwise(values)]
+
+
+def summarise(
+    mode: str,
+    step_s: float,
+    steps: int,
+    samples: list[Sample],
+    probe: Probe,
+    info: dict[str, Any],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """Percentiles and totals of one cell, plus its checks."""
+    edges = [s.wall for s in samples]
+    first, last = edges[0], edges[-1]
+    sent = [s for s in probe.sent if first <= s.at_ns < last]
+    collected = [c for c in probe.collected if first <= c.at_ns < last]
+    on_exporter = [s for s in sent if s.thread == EXPORTER]
+    per_window = Counter(bisect.bisect_right(edges, s.at_ns) - 1 for s in on_exporter)
+    window_exports = [per_window.get(i, 0) for i in range(steps)]
+
+    worker = _diffs(samples, "worker")
+    exporter = _diffs(samples, "exporter")
+    process = _diffs(samples, "process")
+    main = _diffs(samples, "main")
+    assert process is not None
+    assert main is not None
+    other = (
+        None
+        if worker is None or exporter is None
+        else [p - m - w - e for p, m, w, e in zip(process, main, worker, exporter, strict=True)]
+    )
+    threads = (
+        None
+        if worker is None or exporter is None or other is None
+        else [w + e + o for w, e, o in zip(worker, exporter, other, strict=True)]
+    )
+    exports = len(on_exporter)
+
+    def total_ms(values: list[int] | None) -> float | None:
+        return None if values is None else sum(values) / 1e6
+
+    def per(values: list[int] | None, n: int) -> float | None:
+        return None if values is None or not n else sum(values) / n / 1000
+
+    cell: dict[str, Any] = {
+        "mode": mode,
+        "step_s": step_s,
+        "steps": steps,
+        "settings": settings,
+        "wall_s": (last - first) / 1e9,
+        "exports": exports,
+        "exports_by_trigger": dict(Counter(s.trigger for s in on_exporter)),
+        "exports_per_window": window_exports,
+        "windows_not_one_export": sum(1 for n in window_exports if n != 1),
+        # in-thread, per export
+        "exporter_cpu_per_export_us": _pcts(s.thread_cpu_ns for s in on_exporter),
+        "send_cpu_per_export_us": _pcts(s.send_cpu_ns for s in on_exporter),
+        "send_wall_per_export_us": _pcts(s.send_wall_ns for s in on_exporter),
+        "collect_cpu_us": _pcts(c.cpu_ns for c in collected),
+        "collect_threads": dict(Counter(c.thread for c in collected)),
+        # whole threads, per step window
+        "exporter_thread_cpu_per_step_us": _pcts(exporter or []),
+        "worker_cpu_per_step_us": _pcts(worker or []),
+        "main_cpu_per_step_us": _pcts(main),
+        "other_cpu_per_step_us": _pcts(other or []),
+        "threads_cpu_per_step_us": _pcts(threads or []),
+        "process_cpu_per_step_us": _pcts(process),
+        "totals": {
+            "exporter_thread_cpu_ms": total_ms(exporter),
+            "worker_cpu_ms": total_ms(worker),
+            "main_cpu_ms": total_ms(main),
+            "other_cpu_ms": total_ms(other),
+            "process_cpu_ms": total_ms(process),
+            "exporter_thread_cpu_per_export_us": per(exporter, exports),
+            "exporter_cpu_per_export_in_thread_us": (
+                sum(s.thread_cpu_ns for s in on_exporter) / exports / 1000 if exports else None
+            ),
+            "worker_cpu_per_step_us": per(worker, steps),
+            "threads_cpu_per_step_us": per(threads, steps),
+            "process_cpu_per_step_us": per(process, steps),
+        },
+        **info,
+    }
+    cell["warnings"] = check(cell)
+    return cell
+
+
+def check(cell: dict[str, Any]) -> list[str]:
+    """Whether every step got an export of its own (step mode), and a clean shutdown."""
+    warnings = []
+    label = f"{cell['step_s']:g} s steps, {cell['mode']}"
+    if cell["mode"] == "step":
+        for when in ("before_shutdown", "after_shutdown"):
+            steps = cell[when]["steps"]
+            if steps["exported"] != steps["completed"] or steps["coalesced"] != 0:
+                warnings.append(
+                    f"{label}: {when}: steps exported {steps['exported']} != completed "
+                    f"{steps['completed']} or coalesced {steps['coalesced']} != 0"
+                )
+        step_exports = cell["exports_by_trigger"].get("step", 0)
+        if step_exports != cell["steps"] or cell["windows_not_one_export"]:
+            warnings.append(
+                f"{label}: {step_exports} step exports in {cell['steps']} measured steps "
+                f"(per window: {cell['exports_per_window']})"
+            )
+        failures = sum(t["failure"] for t in cell["after_shutdown"]["exports_by_trigger"].values())
+        if failures:
+            warnings.append(f"{label}: {failures} failed exports")
+    elif cell["windows_not_one_export"]:
+        warnings.append(
+            f"{label}: {cell['windows_not_one_export']} windows without exactly one export "
+            f"(per window: {cell['exports_per_window']}); per-step exporter diffs are mixed"
+        )
+    if not cell["shutdown_ok"] or cell["threads_left"]:
+        warnings.append(f"{label}: shutdown ok={cell['shutdown_ok']}, left {cell['threads_left']}")
+    return warnings
+
+
+def _get(cell: dict[str, Any], key: str, stat: str) -> float | None:
+    value = cell.get(key)
+    return None if value is None else value[stat]
+
+
+def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step over periodic, per step length."""
+    out = []
+    for step_s in sorted({c["step_s"] for c in cells}):
+        by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
+        if set(by_mode) != set(MODES):
+            continue
+        s, p = by_mode["step"], by_mode["periodic"]
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None or not b else a / b
+
+        out.append(
+            {
+                "step_s": step_s,
+                "exporter_cpu_per_export_p50": ratio(
+                    _get(s, "exporter_cpu_per_export_us", "p50"),
+                    _get(p, "exporter_cpu_per_export_us", "p50"),
+                ),
+                "exporter_thread_cpu_per_export_total": ratio(
+                    s["totals"]["exporter_thread_cpu_per_export_us"],
+                    p["totals"]["exporter_thread_cpu_per_export_us"],
+                ),
+                "worker_cpu_per_step_total": ratio(
+                    s["totals"]["worker_cpu_per_step_us"], p["totals"]["worker_cpu_per_step_us"]
+                ),
+                "threads_cpu_per_step_total": ratio(
+                    s["totals"]["threads_cpu_per_step_us"], p["totals"]["threads_cpu_per_step_us"]
+                ),
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _f(value: float | None, spec: str = ".0f") -> str:
+    return "" if value is None else format(value, spec)
+
+
+TITLE = "Step-aligned export: CPU per export, against periodic export"
+HEADER = (
+    "step",
+    "mode",
+    "steps",
+    "exports",
+    "export thr µs/export p50",
+    "p99",
+    "max",
+    "collect µs p50 (thread)",
+    "export thr µs/step p50",
+    "worker µs/step p50",
+    "p99",
+    "max",
+    "worker µs/step total",
+    "threads µs/step total",
+    "process µs/step total",
+)
+
+
+def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """One row per cell; µs of thread CPU time."""
+    rows: list[tuple[str, ...]] = []
+    for c in cells:
+        collect_threads = ", ".join(sorted(c["collect_threads"])).replace("async-tee-", "")
+        rows.append(
+            (
+                f"{c['step_s']:g} s",
+                c["mode"],
+                str(c["steps"]),
+                str(c["exports"]),
+                _f(_get(c, "exporter_cpu_per_export_us", "p50")),
+                _f(_get(c, "exporter_cpu_per_export_us", "p99")),
+                _f(_get(c, "exporter_cpu_per_export_us", "max")),
+                f"{_f(_get(c, 'collect_cpu_us', 'p50'))} ({collect_threads})",
+                _f(_get(c, "exporter_thread_cpu_per_step_us", "p50")),
+                _f(_get(c, "worker_cpu_per_step_us", "p50")),
+                _f(_get(c, "worker_cpu_per_step_us", "p99")),
+                _f(_get(c, "worker_cpu_per_step_us", "max")),
+                _f(c["totals"]["worker_cpu_per_step_us"]),
+                _f(c["totals"]["threads_cpu_per_step_us"]),
+                _f(c["totals"]["process_cpu_per_step_us"]),
+            )
+        )
+    return rows
+
+
+RATIO_HEADER = (
+    "step",
+    "export thr CPU/export p50",
+    "export thr CPU/export total",
+    "worker CPU/step total",
+    "all threads CPU/step total",
+)
+
+
+def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Step-aligned over periodic, per step length."""
+    return [
+        (
+            f"{r['step_s']:g} s",
+            _f(r["exporter_cpu_per_export_p50"], ".2f"),
+            _f(r["exporter_thread_cpu_per_export_total"], ".2f"),
+            _f(r["worker_cpu_per_step_total"], ".2f"),
+            _f(r["threads_cpu_per_step_total"], ".2f"),
+        )
+        for r in report["ratios"]
+    ]
+
+
+def section(report: dict[str, Any]) -> list[str]:
+    """The export tables as markdown lines (no title)."""
+    cfg = report["config"]
+    cells = report["cells"]
+    lines = [
+        "Simulated loop: per step the fixture's calls through `async_tee.Logger()` "
+        "(`step_finished` on `timing/train`), then sleep to the step's deadline; OTLP/gRPC "
+        "to an `OtlpSink` in another process. `step`: step-aligned export (worker collects, "
+        "`async-tee-export` sends); `periodic`: `ASYNC_TEE_STEP_EXPORT=0`, "
+        "`OTEL_METRIC_EXPORT_INTERVAL` = step length (the exporting thread collects and "
+        f"sends). Cells (step s, measured steps): {cfg['cells']}, each after a "
+        f"{cfg['warmup_s']:g} s warm-up (periodic: until the timer's exports fall mid-step). "
+        "Thread CPU time in µs: per export from "
+        "`time.thread_time_ns` around the reader's `_send` and `collect` on the thread that "
+        "runs them (the exporting thread's cost per export: the send, plus the collection in "
+        "periodic mode); per step from the threads' CPU clocks (`pthread_getcpuclockid`) "
+        "read at each step start; totals are sums over the measured steps divided by steps. "
+        "`threads` = worker + exporting thread + gRPC's own threads (process minus the "
+        "training thread).",
+        "",
+        *md_table(HEADER, table_rows(cells)),
+        "",
+        "Step-aligned over periodic:",
+        "",
+        *md_table(RATIO_HEADER, ratio_rows(report)),
+    ]
+    warnings = [w for c in cells for w in c["warnings"]]
+    lines += ["", *(f"WARNING: {w}" for w in warnings)] if warnings else []
+    checks = [
+        f"{c['step_s']:g} s: steps completed {c['after_shutdown']['steps']['completed']}, "
+        f"exported {c['after_shutdown']['steps']['exported']}, coalesced "
+        f"{c['after_shutdown']['steps']['coalesced']}"
+        for c in cells
+        if c["mode"] == "step"
+    ]
+    lines += ["", "Every step exported (step mode, whole session): " + "; ".join(checks) + "."]
+    return lines
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = bench_parser(__doc__)
+    args = parser.parse_args(argv)
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="async-tee-bench-")) if args.quick else RESULTS
+        args.out = folder / "export.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    quiet_logging()
+    started = time.perf_counter()
+    plan = QUICK_CELLS if args.quick else FULL_CELLS
+    cells = []
+    with contextlib.ExitStack() as stack:
+        port = start_receiver(stack).port
+        for step_s, steps in plan:
+            for mode in MODES:
+                warmup_s = warmup_ns(mode, step_s) / 1e9
+                progress(f"{step_s:g} s steps, {mode}: {steps} steps after {warmup_s:g} s warm-up")
+                cell = run_cell(mode, step_s, steps, port)
+                cells.append(cell)
+                for warning in cell["warnings"]:
+                    print(f"WARNING: {warning}", flush=True)
+    report: dict[str, Any] = {
+        "machine": machine_info(),
+        "config": {
+            "quick": args.quick,
+            "cells": [[step_s, steps] for step_s, steps in plan],
+            "modes": list(MODES),
+            "warmup_s": WARMUP_S,
+            "fixture_prefixes": [c.prefix for c in fixture_calls()[1]],
+            "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
+        },
+        "method": (
+            "per export: time.thread_time_ns (CLOCK_THREAD_CPUTIME_ID) inside the thread "
+            "around the reader's _send and collect; per step: pthread_getcpuclockid clocks "
+            "of the worker and exporting threads read at each step start"
+        ),
+        "cells": cells,
+    }
+    report["ratios"] = ratios(cells)
+    report["duration_s"] = time.perf_counter() - started
+    console = [
+        TITLE + " (thread CPU µs)",
+        *text_table(HEADER, table_rows(cells)),
+        "",
+        "Step-aligned / periodic",
+        *text_table(RATIO_HEADER, ratio_rows(report)),
+    ]
+    console += [f"WARNING: {w}" for c in cells for w in c["warnings"]]
+    print("\n" + "\n".join(console))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    print(f"bench_export took {report['duration_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
