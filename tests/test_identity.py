@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -67,7 +68,7 @@ def _launch(sink, **job: str) -> subprocess.Popen[str]:
     )
 
 
-def _resources(sink) -> list[dict]:
+def _resources(sink) -> list[dict[str, Any]]:
     """One resource per exporting process that sent rl.reward.mean."""
     seen = {}
     for point in sink.points():

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from helpers import own_threads
+from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
 from async_tee.sink import OtlpSink
@@ -225,8 +226,9 @@ def test_force_flush_of_the_built_provider_waits_for_its_export(sink):
     session = async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0"))
     async_tee.tee_rl_metrics_to_otel({"reward": 7.0}, "train", 1)
     assert async_tee.flush(10)
-    assert session.meter_provider is not None
-    assert session.meter_provider.force_flush(10_000)
+    provider = session.meter_provider
+    assert isinstance(provider, MeterProvider)  # the SDK's: async_tee built it
+    assert provider.force_flush(10_000)
     assert sink.by_step(REWARD) == [(None, 7.0)]  # step 1 is still open: no rl.step yet
     assert async_tee.stats()["exports_by_trigger"]["flush"] == {"success": 1, "failure": 0}
     assert async_tee.shutdown_telemetry(10)

@@ -98,7 +98,10 @@ def test_fixture_through_the_tee_gives_exactly_the_expected_series(provider, rea
     assert async_tee.flush(10)
     got = collect(reader)
     # Step 0 (the setup call) completed when step 42's first dict arrived; 42 is still open.
-    step_series = {("rl.step", frozenset()), ("rl.step.time", frozenset())}
+    step_series: set[tuple[str, frozenset[tuple[str, str]]]] = {
+        ("rl.step", frozenset()),
+        ("rl.step.time", frozenset()),
+    }
     assert set(got) == set(EXPECTED) | step_series
     assert got[("rl.step", frozenset())] == 0
     assert before <= got[("rl.step.time", frozenset())] <= time.time()
