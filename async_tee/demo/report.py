@@ -185,7 +185,7 @@ def render_result(result: DemoResult) -> str:
         out.append("")
         out.append(
             f"The collector was stalled, yet the training loop took {result.loop_seconds:.2f} s "
-            f"for {nominal:.2f} s of simulated work: exports run on the SDK's own thread and "
-            "the tee only enqueues, so nothing on the training thread waits for the collector."
+            f"for {nominal:.2f} s of simulated work: exports run on async_tee's exporting thread "
+            "and the tee only enqueues, so nothing on the training thread waits for the collector."
         )
     return "\n".join(out)
