@@ -53,9 +53,9 @@ steps.completed``, ``coalesced == 0``, one step export per measured window); oth
 WARNING line is printed and recorded. Ratios step/periodic: the exporting thread's CPU
 per export (p50 and total/exports), and all the session's threads' CPU per step.
 
-Output: a table on stdout, JSON at ``--out`` (default ``benchmarks/results/export.json``;
-with ``--quick``, a temp dir, so a smoke run never overwrites the figures).
-``run_all.py`` puts its section in ``latest.md``.
+Output: a table on stdout, JSON at ``--out`` (default: a temp dir, as the other parts run
+alone). ``run_all.py`` keeps it as the ``export`` part of ``results/latest.json`` and puts its
+section in ``latest.md``: the one copy of the figures.
 """
 
 from __future__ import annotations
@@ -664,8 +664,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     if args.out is None:
-        folder = Path(tempfile.mkdtemp(prefix="async-tee-bench-")) if args.quick else RESULTS
-        args.out = folder / "export.json"
+        args.out = Path(tempfile.mkdtemp(prefix="async-tee-bench-")) / "export.json"
     return args
 
 
