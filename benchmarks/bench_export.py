@@ -79,7 +79,6 @@ from typing import Any
 
 from _common import (
     FIXTURE,
-    RESULTS,
     bench_parser,
     machine_info,
     md_table,
