@@ -351,7 +351,7 @@ def section(report: dict[str, Any]) -> list[str]:
         f'{cfg["calls_per_step"]} tee calls (two `train`, `performance`, `""`, '
         "`timing/train`; three are teed). Overhead: median over rounds of the variant's "
         "block mean (or p50) over `bare`'s in the same round. Worker CPU: the "
-        "`async-tee-worker` thread's CPU time per step; exporter CPU: the SDK reader "
+        "`async-tee-worker` thread's CPU time per step; exporter CPU: the `async-tee-export` "
         "thread's per second; threads CPU: both per step over `bare`'s mean step, the "
         "share of the step they take (drift-proof, unlike the wall-clock overhead).",
         "",
