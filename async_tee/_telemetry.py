@@ -169,9 +169,14 @@ def stats() -> dict[str, Any]:
         ``enqueued``, ``recorded``, ``dropped`` (all reasons) and ``pending`` (integers,
         always with ``enqueued == recorded + dropped + pending``), ``capacity``,
         ``dropped_by_reason``, ``lag_ms`` (p50/p99/max of the enqueue-to-record lag),
-        ``values_skipped``, ``non_finite_by_series``, ``errors``, ``exports`` and
+        ``values_skipped``, ``non_finite_by_series``, ``errors``, ``exports``
+        (``success``/``failure`` over every export of a provider async_tee built),
+        ``exports_by_trigger`` (the same by ``step``, ``interval``, ``shutdown``,
+        ``flush``), ``steps`` (``last`` completed, ``completed``, ``exported`` on their
+        own, ``coalesced`` into a later export, ``unusable``: docs/semantics.md §9) and
         ``exporting``. ``pending`` includes dicts the full queue dropped that the worker
-        has not yet seen; after ``flush`` they are in ``dropped``.
+        has not yet seen; after ``flush`` they are in ``dropped``. ``enqueued`` counts
+        end-of-step markers (§9) with the dicts.
     """
     return _guarded_stats(lag_percentiles=True)
 
