@@ -7,9 +7,10 @@ the two halves. At a step boundary the worker calls :meth:`ExportingReader.colle
 the collection (the observable callbacks reading the tables, ~1 ms for the fixture's 43
 series) runs on the worker while the tables hold exactly that step, and the collected
 data is handed to the exporting thread, which sends it. A newer step collected while an
-export is in flight replaces the one waiting behind it (counted in :attr:`superseded`), so
-at most one export is ever pending, whatever the collector does. The thread also exports on its own
-when ``OTEL_METRIC_EXPORT_INTERVAL`` passes without an export, and once more at shutdown.
+export is in flight replaces the one waiting behind it (counted in :attr:`superseded`),
+so at most one export is ever pending, whatever the collector does. The thread also
+exports on its own when ``OTEL_METRIC_EXPORT_INTERVAL`` passes without an export, and
+once more at shutdown.
 
 Imported only when async_tee builds a provider (it subclasses the SDK's ``MetricReader``).
 Nothing here raises into the worker: a failed collection or export is counted and warned
@@ -91,18 +92,23 @@ class ExportingReader(MetricReader):
         self._stopped = False
         self._abandoned = False  # shutdown's deadline passed with the thread still exporting
         self._init_thread()
-        if hasattr(os, "register_at_fork"):
-            reinit = weakref.WeakMethod(self._init_thread)
+        if hasattr(os, "register_at_fork"):  # weakly: a finished session's reader can go
+            after_fork = weakref.WeakMethod(self._after_fork_in_child)
 
             def after_in_child() -> None:
-                method = reinit()
-                if method is not None and not self._stopped:
+                method = after_fork()
+                if method is not None:
                     method()
 
             os.register_at_fork(after_in_child=after_in_child)
 
+    def _after_fork_in_child(self) -> None:
+        """The child's own exporting thread (the parent's did not survive ``fork``)."""
+        if not self._stopped:
+            self._init_thread()
+
     def _init_thread(self) -> None:
-        """A fresh mailbox and thread (at start, and in a child after ``fork``)."""
+        """A fresh hand-over queue and thread (at start, and in a child after ``fork``)."""
         self._cond = threading.Condition()
         self._queued: deque[tuple[Any, str, int]] = deque()  # (data, trigger, handed-over seq)
         self._busy = False  # an export is in flight
