@@ -27,6 +27,7 @@ from async_tee._provider import BuiltProvider, build_meter_provider, close_serve
 from async_tee._recorder import CountedSteps, RLRecorder
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._signals import SignalFlush
 from async_tee._steps import StepClock
 from async_tee._version import __version__
 from async_tee.config import Settings
@@ -54,6 +55,7 @@ class Pipeline:
         queue: The hand-off queue the tee puts on while this session runs.
         worker: The worker draining it.
         steps: The step clock: completes steps, records ``rl.step``, drives step exports.
+        signals: The termination-signal handlers it installed (docs/semantics.md §7).
         export_counts: Export attempts of the provider async_tee built, by trigger, result.
     """
 
@@ -68,6 +70,7 @@ class Pipeline:
         self.queue: DropOldestQueue[Snapshot] | None = None
         self.worker: Worker | None = None
         self.steps: StepClock | None = None
+        self.signals: SignalFlush | None = None
         self.export_counts = ExportCounts()
         self._built: BuiltProvider | None = None
         self._lag_values: dict[str, float] = {}
@@ -220,6 +223,19 @@ class Pipeline:
         """The threads this session started: the worker, the provider's readers, servers."""
         found = [self.worker.thread] if self.worker is not None else []
         return found + (self._built.threads if self._built is not None else [])
+
+    def flush_and_export(self, timeout_s: float) -> bool:
+        """Record everything queued, then export it now, all within ``timeout_s``.
+
+        The push exporters of a provider async_tee built export at once (bounded); a
+        provider passed in is only recorded into. The session goes on.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        done = self.flush(timeout_s / 2)
+        for reader in self._built.push_readers if self._built is not None else ():
+            remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+            done = reader.force_flush(remaining_ms) and done
+        return done
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every snapshot put before this call is recorded (see ``flush``)."""

@@ -41,12 +41,18 @@ class BuiltProvider:
         return found + self.server_threads
 
     @property
+    def push_readers(self) -> list[ExportingReader]:
+        """The readers with an exporting thread of async_tee's (OTLP, console)."""
+        return [
+            cast("ExportingReader", reader)
+            for reader in self.readers
+            if getattr(reader, "step_aligned", None) is not None
+        ]
+
+    @property
     def step_reader(self) -> ExportingReader | None:
         """The reader the worker drives at step boundaries, if any (OTLP, step export on)."""
-        for reader in self.readers:
-            if getattr(reader, "step_aligned", False):
-                return cast("ExportingReader", reader)
-        return None
+        return next((reader for reader in self.push_readers if reader.step_aligned), None)
 
 
 def close_servers(servers: list[Any]) -> None:

@@ -21,6 +21,7 @@ from async_tee._declarations import DECLARATIONS
 from async_tee._pipeline import Pipeline
 from async_tee._reporting import logger, warn_once
 from async_tee._selfmetrics import self_metric_specs
+from async_tee._signals import SignalFlush
 from async_tee.config import Settings, load_settings
 from async_tee.registry import register_metric_group
 
@@ -124,6 +125,10 @@ def start_telemetry(
         if not started:
             return pipeline
         _ACTIVE = pipeline
+        pipeline.signals = SignalFlush(
+            shutdown_telemetry, pipeline.flush_and_export, settings.shutdown_timeout_s
+        )
+        pipeline.signals.install(settings.flush_signals)
         logger.info("async_tee: telemetry started: %s", settings.describe())
         return pipeline
 
@@ -219,7 +224,10 @@ def shutdown_telemetry(timeout_s: float | None = None) -> bool:
             _ACTIVE = None
             pipeline.detach()
         budget = pipeline.settings.shutdown_timeout_s if timeout_s is None else timeout_s
-        return pipeline.shutdown(budget)
+        delivered = pipeline.shutdown(budget)
+        if pipeline.signals is not None:
+            pipeline.signals.restore()  # what the session changed, where it still holds
+        return delivered
     except Exception:  # noqa: BLE001 - shutdown runs at exit: it must not raise
         warn_once("shutdown", "async_tee: shutdown failed")
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import socket
 from collections.abc import Mapping
 from urllib.parse import unquote
@@ -43,6 +44,10 @@ it; faster steps are folded into the next export and counted."""
 ASYNC_TEE_RUN_ID = "ASYNC_TEE_RUN_ID"
 """str, default the launcher's job id: the ``rl.run.id`` resource attribute (see
 ``run_id``), also part of ``service.instance.id``."""
+
+ASYNC_TEE_FLUSH_SIGNALS = "ASYNC_TEE_FLUSH_SIGNALS"
+"""comma list of signal names, default ``TERM``: on these, drain and export before the
+process goes on dying (``TERM,USR1`` for Slurm's ``--signal``; empty: install nothing)."""
 
 ASYNC_TEE_RANK_ATTRIBUTES = "ASYNC_TEE_RANK_ATTRIBUTES"
 """bool, default true: add the distributed rank (``RANK``, ``LOCAL_RANK``, ...) to the resource."""
@@ -97,6 +102,7 @@ class Settings:
     drain_interval_s: float = 0.05
     shutdown_timeout_s: float = 5.0
     max_attribute_sets: int = 512
+    flush_signals: tuple[str, ...] = ("TERM",)
     step_export: bool = True
     min_export_interval_s: float = 1.0
     exporters: tuple[str, ...] = ("otlp",)
@@ -186,6 +192,23 @@ def _exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
         _warn_malformed(OTEL_METRICS_EXPORTER, raw, "otlp")
         return ("otlp",)
     return tuple(name for name in names if name != "none") or ("none",)
+
+
+# Signals a process cannot catch, or that are not about ending it.
+_UNFLUSHABLE = frozenset(("KILL", "STOP", "CHLD", "CONT", "WINCH", "URG"))
+
+
+def _signals(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Signal names without ``SIG`` (``TERM``), from ``ASYNC_TEE_FLUSH_SIGNALS``."""
+    raw = environ.get(ASYNC_TEE_FLUSH_SIGNALS)
+    if raw is None:
+        return ("TERM",)
+    names = [part.strip().upper().removeprefix("SIG") for part in raw.split(",") if part.strip()]
+    known = {name.removeprefix("SIG") for name in signal.Signals.__members__}
+    if any(name not in known or name in _UNFLUSHABLE for name in names):
+        _warn_malformed(ASYNC_TEE_FLUSH_SIGNALS, raw, "TERM")
+        return ("TERM",)
+    return tuple(dict.fromkeys(names))
 
 
 def _protocol(environ: Mapping[str, str]) -> str:
@@ -349,6 +372,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_attribute_sets=_integer(
             env, ASYNC_TEE_MAX_ATTRIBUTE_SETS, defaults.max_attribute_sets, 1, 100_000
         ),
+        flush_signals=_signals(env),
         step_export=_bool(env, ASYNC_TEE_STEP_EXPORT, defaults.step_export),
         min_export_interval_s=_number(
             env, ASYNC_TEE_MIN_EXPORT_INTERVAL, defaults.min_export_interval_s, 0.0, 3600.0

@@ -578,6 +578,10 @@ def test_load_settings_never_raises_on_garbage(logs):
             "ASYNC_TEE_SHUTDOWN_TIMEOUT",
             "ASYNC_TEE_MAX_ATTRIBUTE_SETS",
             "ASYNC_TEE_RANK_ATTRIBUTES",
+            "ASYNC_TEE_FLUSH_SIGNALS",
+            "ASYNC_TEE_STEP_EXPORT",
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL",
+            "ASYNC_TEE_RUN_ID",
             "OTEL_SDK_DISABLED",
             "OTEL_METRICS_EXPORTER",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -597,3 +601,24 @@ def test_load_settings_never_raises_on_garbage(logs):
     assert settings.otlp_headers == ()
     assert settings.otlp_timeout_s == 10.0
     assert warnings(logs)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, ("TERM",)),
+        ("TERM,USR1", ("TERM", "USR1")),
+        (" sigterm , SIGUSR1,term", ("TERM", "USR1")),
+        ("", ()),
+    ],
+)
+def test_flush_signals(raw, expected, logs):
+    environ = {} if raw is None else {"ASYNC_TEE_FLUSH_SIGNALS": raw}
+    assert load_settings(environ=environ).flush_signals == expected
+    assert warnings(logs) == []
+
+
+@pytest.mark.parametrize("raw", ["KILL", "TERM,BOGUS", "STOP"])
+def test_signals_that_cannot_be_flushed_on_are_refused_with_one_warning(raw, logs):
+    assert load_settings(environ={"ASYNC_TEE_FLUSH_SIGNALS": raw}).flush_signals == ("TERM",)
+    assert len(warnings(logs)) == 1

@@ -1,0 +1,170 @@
+"""SIGTERM delivers the end of the run: a real child process, a real signal, a real receiver.
+
+The child tees N steps under the default 60 s export interval, says it is done, and the
+test sends it SIGTERM, as torchrun, Slurm and Kubernetes stop a job. Without async_tee's
+handler Python would die at once and the receiver would get nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import async_tee
+from async_tee.sink import OtlpSink
+
+STEPS = 5
+
+CHILD = """
+import os, signal, sys, time
+import async_tee
+
+if os.environ.get("APP_HANDLER"):
+    def app_handler(signum, frame):
+        flushed = async_tee.stats()["exports_by_trigger"]["flush"]["success"]
+        print("app handler ran after", flushed, "flush export", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, app_handler)
+async_tee.start_telemetry()
+installed = signal.getsignal(signal.SIGTERM)
+default = installed is signal.SIG_DFL
+print("handler", "default" if default else getattr(installed, "__qualname__", "?"), flush=True)
+logger = async_tee.Logger()
+for step in range(int(os.environ["STEPS"])):
+    logger.log_metrics({"reward": 100.0 + step, "vllm/prompt_tokens": 10.0}, step, "train")
+    logger.log_metrics({"total_step_time": 1.0}, step, "timing/train", step_finished=True)
+print("ready", flush=True)
+time.sleep(60)
+print("never reached", flush=True)
+"""
+
+
+def _run_child(sink: OtlpSink, protocol: str = "grpc", **env: str) -> tuple[int, list[str], float]:
+    """Start the child, SIGTERM it once it has logged every step; its exit code and output."""
+    endpoint = sink.grpc_endpoint if protocol == "grpc" else sink.http_endpoint
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(CHILD)],
+        env={
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc" if protocol == "grpc" else "http/protobuf",
+            "STEPS": str(STEPS),
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        lines = []
+        for line in child.stdout:
+            lines.append(line.strip())
+            if line.strip() == "ready":
+                break
+        started = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        lines += [line.strip() for line in child.stdout]
+        code = child.wait(timeout=30)
+    return code, lines, time.monotonic() - started
+
+
+def _last(sink: OtlpSink, name: str) -> float | int | None:
+    points = [p.value for p in sink.points() if p.name == name and not p.attributes]
+    return points[-1] if points else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_sigterm_delivers_the_last_step_and_the_process_still_dies_of_it(sink, protocol):
+    code, lines, took = _run_child(sink, protocol)
+    assert code == -signal.SIGTERM  # what a launcher sees: death by SIGTERM
+    assert lines[0] == "handler SignalFlush._handle"
+    assert took < 5.0 + 5.0  # ASYNC_TEE_SHUTDOWN_TIMEOUT, plus a noisy machine
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
+    assert _last(sink, "rl.step") == STEPS - 1
+    assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS  # exact: every delta
+
+
+@pytest.mark.slow
+def test_an_application_handler_installed_before_still_runs_after_the_flush(sink):
+    code, lines, _ = _run_child(sink, APP_HANDLER="1")
+    assert "app handler ran after 1 flush export" in lines  # ours first, then theirs
+    assert code == 3  # the application's handler decided how the process ends
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
+    assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS
+
+
+@pytest.mark.slow
+def test_with_no_flush_signals_nothing_is_installed_and_the_end_is_lost(sink):
+    code, lines, _ = _run_child(sink, ASYNC_TEE_FLUSH_SIGNALS="")
+    assert lines[0] == "handler default"
+    assert code == -signal.SIGTERM
+    # The 60 s interval never came and nothing ran at the signal: what is at stake.
+    assert _last(sink, "rl.vllm.prompt_tokens") is None
+
+
+def _sink_environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, **extra}
+
+
+def test_shutdown_restores_the_default_disposition(sink):
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    session = async_tee.start_telemetry(environ=_sink_environ(sink))
+    assert session.signals is not None
+    assert signal.getsignal(signal.SIGTERM) == session.signals._handle
+    assert async_tee.shutdown_telemetry(10)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_shutdown_restores_an_application_handler_and_keeps_a_later_one(sink):
+    def before(signum, frame):
+        """The application's handler, installed before telemetry started."""
+
+    def after(signum, frame):
+        """A handler installed after telemetry started: it wins, as Python does."""
+
+    previous = signal.signal(signal.SIGUSR1, before)
+    try:
+        async_tee.start_telemetry(environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="TERM,USR1"))
+        assert signal.getsignal(signal.SIGUSR1) is not before
+        assert async_tee.shutdown_telemetry(10)
+        assert signal.getsignal(signal.SIGUSR1) is before
+        async_tee.start_telemetry(environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="USR1"))
+        signal.signal(signal.SIGUSR1, after)
+        assert async_tee.shutdown_telemetry(10)
+        assert signal.getsignal(signal.SIGUSR1) is after
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_an_ignored_signal_stays_ignored(sink):
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        async_tee.start_telemetry(environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="USR1"))
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        assert async_tee.shutdown_telemetry(10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_chained_signal_flushes_and_exports_and_the_session_goes_on(sink):
+    ran = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: ran.append(signum))
+    try:
+        session = async_tee.start_telemetry(
+            environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="USR1")
+        )
+        async_tee.tee_rl_metrics_to_otel({"reward": 5.0}, "train", 1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler on this thread, now
+        assert ran == [signal.SIGUSR1]
+        assert _last(sink, "rl.reward.mean") == 5.0  # exported by the flush, not the period
+        assert async_tee.stats()["exports_by_trigger"]["flush"]["success"] == 1
+        assert session.is_exporting
+        assert async_tee.shutdown_telemetry(10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
