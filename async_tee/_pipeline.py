@@ -113,7 +113,12 @@ class Pipeline:
 
         queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
         worker = Worker(
-            queue, self.process, self.settings.drain_interval_s, self.on_lag, self.after_drain
+            queue,
+            self.process,
+            self.settings.drain_interval_s,
+            self.on_lag,
+            self.after_drain,
+            self.on_worker_death,
         )
         queue.on_high_water = worker.wake
         if not worker.start():
@@ -183,7 +188,8 @@ class Pipeline:
         assert recorder is not None
         assert steps is not None
         if len(snapshot) == 5:
-            metrics, prefix, step, finished, enqueued_ns = snapshot
+            metrics, prefix, raw_step, finished, enqueued_ns = snapshot
+            step = steps.usable(raw_step)  # a number or None, never an array to store
             steps.before(step, enqueued_ns)
             if metrics is not None:  # None: a bare end-of-step marker
                 recorder.tee(metrics, prefix, step)
@@ -200,7 +206,16 @@ class Pipeline:
         """
         return self.steps.tick() if self.steps is not None else None
 
-    def _record_step(self, step: Any, completed_at: float) -> None:
+    def on_worker_death(self) -> None:
+        """The worker's loop ended unstopped: stop enqueuing into a queue nobody drains."""
+        self.detach()
+        warn_once(
+            "worker:died",
+            "async_tee: the worker stopped unexpectedly; the tee is off for this session "
+            "(stats()['worker_died'], async_tee.worker.died)",
+        )
+
+    def _record_step(self, step: float, completed_at: float) -> None:
         """Record ``rl.step`` and ``rl.step.time`` for a step just completed."""
         assert self.recorder is not None
         self.recorder.record({_series.STEP.key: step, _series.STEP_TIME.key: completed_at})
@@ -249,11 +264,14 @@ class Pipeline:
         """This session's figures (see ``async_tee.stats``); the lag sort is optional."""
         worker, queue, instruments = self.worker, self.queue, self.instruments
         counts = worker.counts if worker is not None else None
-        enqueued = queue.enqueued() if queue is not None else 0
+        # A dict whose snapshot failed on the caller's side was handed over and dropped.
+        snapshot_failures = queue.caller_errors if queue is not None else 0
+        enqueued = (queue.enqueued() if queue is not None else 0) + snapshot_failures
         dropped_by_reason = {
             "overflow": counts.overflow if counts else 0,
             "error": counts.errors if counts else 0,
             "shutdown": counts.shutdown if counts else 0,
+            "snapshot": snapshot_failures,
         }
         dropped = sum(dropped_by_reason.values())
         recorded = counts.recorded if counts else 0
@@ -290,6 +308,7 @@ class Pipeline:
             "exports_by_trigger": self.export_counts.snapshot(),
             "steps": self._step_stats(),
             "exporting": self.is_exporting,
+            "worker_died": int(worker is not None and worker.died),
         }
 
     def _step_stats(self) -> dict[str, Any]:

@@ -145,7 +145,7 @@ SELF: tuple[Series, ...] = (
         "async_tee.dropped",
         "observable_counter",
         "{dict}",
-        "Dicts not recorded, by reason (overflow, error, shutdown).",
+        "Dicts not recorded, by reason (overflow, error, shutdown, snapshot).",
         "dropped_by_reason",
         "reason",
     ),
@@ -156,6 +156,14 @@ SELF: tuple[Series, ...] = (
         "{dict}",
         "Dicts waiting for the worker.",
         "pending",
+    ),
+    _self(
+        "worker_died",
+        "async_tee.worker.died",
+        "observable_gauge",
+        "1",
+        "1 if the worker stopped unexpectedly (the tee is then off), else 0.",
+        "worker_died",
     ),
     _self(
         "queue_capacity",

@@ -16,17 +16,20 @@ folds it into a later export (counted in :attr:`StepClock.coalesced`). The inter
 measured on the trainer's timeline (when the dicts were logged), not on the worker's:
 a worker that woke late must not fold steps that were logged far enough apart. Dicts of an older
 step, or of the same step after it completed, are recorded as they come and never start
-an export. A step that cannot be compared with the previous one counts as no step.
+an export. A step that is not a finite real number (an array, an object whose comparison
+raises, NaN) counts as no step, for the counters' de-duplication too, and is never stored.
 Runs only on the worker thread; never raises.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from async_tee._reporting import warn_once
+from async_tee.vocabulary import as_scalar
 
 if TYPE_CHECKING:
     from async_tee._export import ExportingReader
@@ -47,12 +50,12 @@ class StepClock:
             export at shutdown).
         coalesced: Completed steps folded into a later export instead; with
             ``exported`` they add up to ``completed`` once the session ended.
-        unusable: Steps that could not be compared, treated as no step.
+        unusable: Steps that were not finite real numbers, treated as no step.
     """
 
     def __init__(
         self,
-        record: Callable[[Any, float], None],
+        record: Callable[[float, float], None],
         reader: ExportingReader | None = None,
         settle_s: float = STEP_SETTLE_S,
     ) -> None:
@@ -68,27 +71,32 @@ class StepClock:
         self._settle_ns = int(settle_s * 1e9)
         self._min_interval_ns = int(reader.min_interval_s * 1e9) if reader is not None else 0
         self._last_collect_ns = -(2**62)  # when the last step export's step completed
-        self._step: Any = None  # the newest step seen
+        self._step: float | None = None  # the newest step seen
         self._state = _COMPLETED
         self._last_ns = 0  # enqueue time of that step's newest dict
         self._waiting = False  # a completed step not collected yet, and still clean
-        self.last: Any = None
+        self.last: float | None = None
         self.completed = 0
         self.exported = 0
         self.coalesced = 0
         self.unusable = 0
 
-    def before(self, step: Any, enqueued_ns: int) -> None:
-        """A dict (or a bare end-of-step marker) of ``step`` is about to be recorded."""
+    def usable(self, step: Any) -> float | None:
+        """``step`` as a float, or None for no step (counted when one was given)."""
+        if step is None:
+            return None
+        value = as_scalar(step)
+        if value is None or not math.isfinite(value):
+            self.unusable += 1
+            warn_once("steps:unusable", "async_tee: a step that is not a number; taken as none")
+            return None
+        return value
+
+    def before(self, step: float | None, enqueued_ns: int) -> None:
+        """A dict (or a bare end-of-step marker) of ``step`` (from :meth:`usable`) is next."""
         if step is None:
             return
-        try:
-            newer = self._step is None or bool(step > self._step)
-            same = not newer and bool(step == self._step)
-        except Exception:  # noqa: BLE001 - an array or an object whose comparison raises
-            self.unusable += 1
-            warn_once("steps:unusable", "async_tee: a step that cannot be compared; ignored")
-            return
+        newer = self._step is None or step > self._step
         if newer:
             if self._step is not None and self._state != _COMPLETED:
                 self._complete(enqueued_ns)
@@ -98,18 +106,12 @@ class StepClock:
                 self._waiting = False
                 self.coalesced += 1
             self._step, self._state, self._last_ns = step, _OPEN, enqueued_ns
-        elif same:
+        elif step == self._step:
             self._last_ns = max(self._last_ns, enqueued_ns)
 
-    def finished(self, step: Any) -> None:
+    def finished(self, step: float | None) -> None:
         """A dict of ``step`` said ``step_finished=True`` (called after ``before``)."""
-        if self._state != _OPEN or step is None:
-            return
-        try:
-            same = bool(step == self._step)
-        except Exception:  # noqa: BLE001 - counted by before()
-            return
-        if same:
+        if self._state == _OPEN and step is not None and step == self._step:
             self._state = _FINISHED
 
     def tick(self) -> float | None:
@@ -143,12 +145,14 @@ class StepClock:
 
     def _complete(self, at_ns: int, collect: bool = True) -> None:
         """Complete the newest step, which ended at ``at_ns`` (monotonic, trainer's time)."""
+        step = self._step
+        assert step is not None  # only a step that was seen completes
         self._state = _COMPLETED
         self.completed += 1
-        self.last = self._step
+        self.last = step
         wall = time.time() - (time.monotonic_ns() - self._last_ns) / 1e9
         try:
-            self._record(self._step, wall)
+            self._record(step, wall)
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("steps:record", "async_tee: recording rl.step failed")
         if self._reader is None or not collect:

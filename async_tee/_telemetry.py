@@ -108,6 +108,8 @@ def start_telemetry(
                 )
             return _ACTIVE
         settings = dataclasses.replace(load_settings(environ), **overrides)
+        if _LAST is not None and _LAST.signals is not None:
+            _LAST.signals.restore()  # if its shutdown ran off the main thread, it could not
         pipeline = _LAST = Pipeline(settings, meter_provider)
         if not settings.enabled:
             logger.info("async_tee: disabled (ASYNC_TEE_ENABLED / OTEL_SDK_DISABLED)")
@@ -237,6 +239,8 @@ def end_and_forget(timeout_s: float) -> None:
     """Shut the running session down and forget the last one (``stats()`` reads zeros)."""
     global _LAST
     shutdown_telemetry(timeout_s)
+    if _LAST is not None and _LAST.signals is not None:
+        _LAST.signals.restore()
     _LAST = None
 
 

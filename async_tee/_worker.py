@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections import deque
@@ -87,6 +88,7 @@ class Worker:
         drain_interval_s: float,
         on_lag: Callable[[float], None] | None = None,
         after_drain: Callable[[], float | None] | None = None,
+        on_death: Callable[[], None] | None = None,
     ) -> None:
         """Prepare a worker; ``start`` runs it.
 
@@ -97,6 +99,7 @@ class Worker:
             on_lag: Called with each item's enqueue-to-record lag in milliseconds.
             after_drain: Called on the worker thread after each drain; returns the seconds
                 until it needs the worker again (the next wake comes no later), or None.
+            on_death: Called on the worker thread if its loop ever ends before ``stop``.
         """
         self.queue = queue
         self._process = process
@@ -104,6 +107,8 @@ class Worker:
         self._idle_interval = max(drain_interval_s, IDLE_DRAIN_INTERVAL_S)
         self._on_lag = on_lag
         self._after_drain = after_drain
+        self._on_death = on_death
+        self.died = False  # the loop ended without being stopped
         self.counts = Counts(0, 0, 0, 0, 0)
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.max_lag_ms = 0.0
@@ -135,11 +140,14 @@ class Worker:
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
-        except Exception:  # noqa: BLE001 - the thread must end quietly, never crash noisily
+        except BaseException:  # noqa: BLE001 - the thread must end quietly, never crash noisily
             warn_once("worker:crash", "async_tee: the worker loop stopped unexpectedly")
         finally:
+            self.died = not self._stopping
             self._ready.set()
             self._release_waiters(force=True)
+            if self.died and self._on_death is not None:
+                self._on_death()
 
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -172,7 +180,9 @@ class Worker:
         try:
             with self.busy:
                 return self._after_drain()
-        except Exception:  # noqa: BLE001 - the hook must not stop the loop
+        except BaseException:  # the hook must not stop the loop
+            if sys.is_finalizing():
+                raise
             warn_once("worker:after_drain", "async_tee: the worker's after-drain step failed")
             return None
 
@@ -223,7 +233,9 @@ class Worker:
                 try:
                     process(item)
                     recorded += 1
-                except Exception:  # noqa: BLE001 - one bad dict must not stop the worker
+                except BaseException:  # a value's SystemExit must not stop the worker
+                    if sys.is_finalizing():
+                        raise  # the interpreter is going away: so must this thread
                     errors += 1
                     warn_once("worker:process", "async_tee: processing a logged dict failed")
                 self._note_lag((time.monotonic_ns() - item[-1]) / 1e6)

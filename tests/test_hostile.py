@@ -1,0 +1,262 @@
+"""Nothing a caller passes stops the pipeline: poison steps, poison values, broken mappings.
+
+The poison cases run through the real pipeline to a real OTLP receiver and check what
+matters to the user: every later good step still arrives as its own point. The property
+test throws generated hostile calls (hypothesis, 10,000 examples by default) at the real
+pipeline: no exception escapes, the accounting identity holds after every example, and
+the worker is alive and records a good dict at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import collect
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import async_tee
+from async_tee._worker import Worker
+from async_tee.sink import OtlpSink
+
+REWARD = "rl.reward.mean"
+EXAMPLES = int(os.environ.get("ASYNC_TEE_HYPOTHESIS_EXAMPLES", "10000"))
+
+
+class RaisingEq:
+    """A hashable step whose comparison raises."""
+
+    def __hash__(self) -> int:
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+    def __gt__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+
+class RaisingFloat:
+    """A value whose conversion raises ``error``, a BaseException included."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __float__(self) -> float:
+        raise self.error
+
+
+class BrokenMapping(Mapping[str, Any]):
+    """A mapping that fails while it is copied (as one mutated by another thread does)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        yield "reward"
+        raise RuntimeError("dictionary changed size during iteration")
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _identity_holds(stats: dict[str, Any]) -> bool:
+    return bool(stats["enqueued"] == stats["recorded"] + stats["dropped"] + stats["pending"])
+
+
+def _good_steps(logger: async_tee.Logger, steps: range) -> None:
+    for step in steps:
+        logger.log_metrics({"reward": float(step), "vllm/prompt_tokens": 1.0}, step, "train")
+        logger.log_metrics({"t": 1.0}, step, "timing/train", step_finished=True)
+        time.sleep(0.05)  # far apart enough for each to get its own export
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "poison",
+    [
+        {"step": np.array([0, 1])},
+        {"step": RaisingEq()},
+        {"value": RaisingFloat(SystemExit(1))},
+        {"value": RaisingFloat(KeyboardInterrupt())},
+        {"value": RaisingFloat(asyncio.CancelledError())},
+        {"value": RaisingFloat(GeneratorExit())},
+    ],
+    ids=[
+        "array-step",
+        "raising-eq-step",
+        "SystemExit",
+        "KeyboardInterrupt",
+        "Cancelled",
+        "GenExit",
+    ],
+)
+def test_after_a_poison_call_every_later_step_is_exported(sink: OtlpSink, poison):
+    async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+        }
+    )
+    logger = async_tee.Logger()
+    _good_steps(logger, range(1))  # step 0 connects the exporter's channel
+    assert sink.wait_for(lambda s: bool(s.by_step(REWARD)), 10)
+    value = poison.get("value", 7.0)
+    step = poison.get("step", 1)
+    async_tee.tee_rl_metrics_to_otel({"reward": value, "vllm/prompt_tokens": 10.0}, "train", step)
+    _good_steps(logger, range(1, 11))
+    assert async_tee.shutdown_telemetry(10)
+    received = {step for step, _ in sink.by_step(REWARD)}
+    assert received >= set(range(1, 11))  # every later good step, as its own point
+    assert all(value == step for step, value in sink.by_step(REWARD) if step is not None)
+    stats = async_tee.stats()
+    assert stats["worker_died"] == 0
+    assert _identity_holds(stats)
+    if "step" in poison:
+        assert stats["steps"]["unusable"] == 1  # taken as no step, never stored
+        assert stats["errors"]["registry"] == 0
+    else:
+        assert stats["dropped_by_reason"]["error"] == 1  # the poisoned dict, counted
+
+
+def test_a_dict_that_fails_to_copy_is_counted_as_dropped(provider, reader, logs):
+    async_tee.start_telemetry(provider)
+    async_tee.tee_rl_metrics_to_otel(BrokenMapping(), "train", 1)
+    async_tee.tee_rl_metrics_to_otel({"reward": 2.0}, "train", 2)
+    assert async_tee.flush(10)
+    stats = async_tee.stats()
+    assert stats["enqueued"] == 2  # both were handed over
+    assert stats["dropped_by_reason"]["snapshot"] == 1
+    assert stats["recorded"] == 1
+    assert _identity_holds(stats)
+    assert collect(reader)[(REWARD, frozenset())] == 2.0
+
+
+def test_a_worker_that_dies_says_so_and_the_tee_stops_enqueuing(provider, monkeypatch, logs):
+    session = async_tee.start_telemetry(provider)
+
+    def die(self: Worker) -> None:
+        raise SystemExit("the loop's own code failed")  # no caller can cause this: injected
+
+    monkeypatch.setattr(Worker, "_report_loss", die)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
+    assert session.worker is not None
+    session.worker.wake()
+    session.worker.thread.join(10)
+    assert not session.worker.thread.is_alive()
+    stats = async_tee.stats()
+    assert stats["worker_died"] == 1
+    assert stats["exporting"] is False
+    enqueued = stats["enqueued"]
+    async_tee.tee_rl_metrics_to_otel({"reward": 2.0}, "train", 2)  # a no-op now
+    assert async_tee.stats()["enqueued"] == enqueued
+    assert any("worker stopped unexpectedly" in r.getMessage() for r in logs.records)
+
+
+# ------------------------------------------------------------------ generated hostile calls
+
+_ERRORS = st.sampled_from(
+    [ValueError("v"), SystemExit(2), KeyboardInterrupt(), GeneratorExit(), RecursionError()]
+)
+_SCALARS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.complex_numbers(allow_nan=True),
+    st.builds(np.float32, st.floats(width=32)),
+    st.builds(np.int64, st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    st.builds(np.array, st.lists(st.floats(), max_size=3)),
+    st.builds(RaisingFloat, _ERRORS),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+# Keys the shipped rows and families read, so hostile values reach the mapping code.
+_KEYS = st.one_of(
+    st.sampled_from(
+        [
+            "reward",
+            "loss",
+            "lr",
+            "vllm/prompt_tokens",
+            "vllm/generation_tokens",
+            "efficiency/idle/refit_bubble_s",
+            "efficiency/efficiency_pct",
+            "efficiency/efficiency_pct_is_per_step",
+            "policy_init_time_s",
+            "total_setup_time_s",
+        ]
+    ),
+    st.text(max_size=12),
+    st.integers(),
+    st.none(),
+)
+_METRICS = st.one_of(
+    st.dictionaries(_KEYS, _VALUES, max_size=8),
+    st.just(BrokenMapping()),
+    st.just(None),
+    st.integers(),
+)
+_PREFIXES = st.one_of(
+    st.sampled_from(["train", "", None, "timing/setup", "timing/train", "performance"]),
+    st.text(max_size=6),
+    st.integers(),
+)
+_STEPS = st.one_of(
+    st.integers(min_value=-5, max_value=10**12),
+    st.floats(allow_nan=True),
+    st.none(),
+    st.just(np.array([1, 2])),
+    st.builds(RaisingEq),
+    st.text(max_size=3),
+    st.builds(RaisingFloat, _ERRORS),
+)
+_CALLS = st.lists(st.tuples(_METRICS, _PREFIXES, _STEPS, st.booleans()), min_size=1, max_size=4)
+
+
+@pytest.mark.slow
+def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(provider, reader):
+    async_tee.start_telemetry(provider)
+    examples = [0]
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(calls=_CALLS)
+    def hostile(calls: list[tuple[Any, Any, Any, bool]]) -> None:
+        examples[0] += 1
+        for metrics, prefix, step, finished in calls:
+            async_tee.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=finished)
+        stats = async_tee.stats()
+        assert _identity_holds(stats), stats
+        assert stats["worker_died"] == 0
+
+    hostile()
+    assert examples[0] >= EXAMPLES
+    assert async_tee.flush(30)
+    stats = async_tee.stats()
+    assert _identity_holds(stats)
+    assert stats["pending"] == 0
+    assert stats["exporting"] is True
+    # The worker is alive and records a good dict after all of it.
+    async_tee.tee_rl_metrics_to_otel({"reward": 4242.0}, "train", 10**13)
+    assert async_tee.flush(10)
+    assert collect(reader)[(REWARD, frozenset())] == 4242.0
+    assert math.isfinite(async_tee.stats()["lag_ms"]["max"])
