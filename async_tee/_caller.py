@@ -40,14 +40,28 @@ RecordedValues: TypeAlias = "tuple[dict[Any, Any], dict[Any, Any] | None, int]"
 
 Snapshot: TypeAlias = "TeedDict | RecordedValues"
 
+FILTER_ABOVE = 384
+"""A ``train``/``""`` dict with more keys than this is snapshotted to the keys the worker
+reads (``_READ_KEYS``) instead of copied whole. Copying is one C call, ~5 ns a key;
+picking the ~24 read keys costs ~1.7 µs whatever the size: they cross near 350 keys on
+this project's host (``benchmarks/bench_sizes.py``), so the common dict keeps the copy."""
+
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
+# The keys the running session's worker reads from a train/"" dict: written with _QUEUE.
+_READ_KEYS: tuple[str, ...] = ()
 
 
-def attach(queue: DropOldestQueue[Snapshot] | None) -> None:
-    """Point the tee at ``queue`` (None turns it off). Only the session lifecycle calls this."""
-    global _QUEUE
+def attach(queue: DropOldestQueue[Snapshot] | None, read_keys: tuple[str, ...] = ()) -> None:
+    """Point the tee at ``queue`` (None turns it off). Only the session lifecycle calls this.
+
+    Args:
+        queue: The session's hand-off queue, or None.
+        read_keys: Every key the worker reads from a ``train`` or ``""`` dict.
+    """
+    global _QUEUE, _READ_KEYS
+    _READ_KEYS = read_keys
     _QUEUE = queue
 
 
@@ -62,9 +76,11 @@ def tee_rl_metrics_to_otel(
     """Mirror one logged dict into OTel, later, on the worker. No-op unless exporting.
 
     On the caller's thread this only checks the prefix, copies the dict (callers mutate
-    dicts after logging them) and puts the copy with a monotonic timestamp on the bounded
-    drop-oldest queue: no mapping, no OTel call, no lock shared with the worker, no
-    wake-up unless a burst is about to overflow the queue. Safe from any thread and from
+    dicts after logging them; one with more than :data:`FILTER_ABOVE` keys is copied to
+    the keys the worker reads, so cost and memory are bounded by what is teed) and puts
+    the copy with a monotonic timestamp on the bounded drop-oldest queue: no mapping, no
+    OTel call, no lock shared with the worker, no wake-up unless a burst is about to
+    overflow the queue. Safe from any thread and from
     inside a running event loop.
 
     Args:
@@ -86,7 +102,11 @@ def tee_rl_metrics_to_otel(
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return
-        queue.put((dict(metrics), prefix or "", step, step_finished, monotonic_ns()))
+        if len(metrics) > FILTER_ABOVE and prefix != SETUP_PREFIX:
+            snapshot = {key: metrics[key] for key in _READ_KEYS if key in metrics}
+        else:
+            snapshot = dict(metrics)
+        queue.put((snapshot, prefix or "", step, step_finished, monotonic_ns()))
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")

@@ -175,6 +175,18 @@ def map_setup_seconds(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def read_keys(rows: Iterable[TeedMetric], categories: Iterable[str]) -> tuple[str, ...]:
+    """Every key the mapping reads from a ``train`` or ``""`` dict, and no other.
+
+    The declared rows' logger keys, each known efficiency category's seconds key and the
+    efficiency-percent pair: the caller snapshots a very large dict to these (§6).
+    """
+    keys = [row.logger_key for row in rows]
+    keys += [f"{EFFICIENCY_KEY_PREFIX}{c}{EFFICIENCY_SECONDS_SUFFIX}" for c in categories]
+    keys += [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
+    return tuple(dict.fromkeys(keys))
+
+
 def map_teed_scalars(
     metrics: Mapping[str, Any], rows: Iterable[TeedMetric] | None = None
 ) -> dict[str, float]:

@@ -126,7 +126,8 @@ class Pipeline:
             return False
         self.queue = queue
         self.worker = worker
-        _caller.attach(queue)
+        assert self.recorder is not None  # built before the worker
+        _caller.attach(queue, self.recorder.read_keys)
         return True
 
     def detach(self) -> None:

@@ -25,6 +25,7 @@ from async_tee._mapping import (
     map_efficiency_seconds,
     map_setup_seconds,
     map_teed_scalars,
+    read_keys,
 )
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP
@@ -124,6 +125,7 @@ class RLRecorder:
         self.counter_keys = frozenset(row.key for row in rows if row.kind == "counter")
         self.efficiency_attributes = efficiency_attributes(categories)
         self.counted = CountedSteps()
+        self.read_keys = read_keys(rows, categories)  # all it reads from train/"" dicts
 
     @classmethod
     def for_meter(cls, meter: Meter) -> RLRecorder:

@@ -13,6 +13,7 @@ import asyncio
 import math
 import os
 import time
+import tracemalloc
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 from helpers import collect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import async_tee
 from async_tee._worker import Worker
@@ -260,3 +263,66 @@ def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(pro
     assert async_tee.flush(10)
     assert collect(reader)[(REWARD, frozenset())] == 4242.0
     assert math.isfinite(async_tee.stats()["lag_ms"]["max"])
+
+
+# ------------------------------------------------------------------ bounded by what is teed
+
+
+def _padded(metrics: dict[str, Any], size: int) -> dict[str, Any]:
+    """``metrics`` plus keys nothing reads, up to ``size`` keys (rollout-environment noise)."""
+    out = dict(metrics)
+    for i in range(size - len(out)):
+        out[f"env/noise_{i}"] = [float(i)] * 4
+    return out
+
+
+def _exported(dicts: list[tuple[dict[str, Any], str]]) -> dict[Any, Any]:
+    """What a fresh session on a fresh provider exports for ``dicts``."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    async_tee.start_telemetry(provider)
+    for metrics, prefix in dicts:
+        async_tee.tee_rl_metrics_to_otel(metrics, prefix, 1)
+    assert async_tee.flush(10)
+    exported = collect(reader)
+    assert async_tee.shutdown_telemetry(10)
+    provider.shutdown()
+    return exported
+
+
+@pytest.mark.parametrize("size", [400, 2_000, 100_000])
+def test_a_large_dict_exports_exactly_what_the_small_one_does(calls, size):
+    train = next(c for c in calls if c["prefix"] == "train" and len(c["metrics"]) > 60)
+    efficiency = next(c for c in calls if c["prefix"] == "")
+    small = _exported([(train["metrics"], "train"), (efficiency["metrics"], "")])
+    assert len(small) >= 20  # the training scalars, vLLM rows and efficiency categories
+    padded = [
+        (_padded(train["metrics"], size), "train"),
+        (_padded(efficiency["metrics"], size), ""),
+    ]
+    assert _exported(padded) == small
+
+
+def test_queued_memory_is_bounded_by_the_teed_keys_not_the_dict(provider):
+    async_tee.start_telemetry(provider, queue_size=64, drain_interval_s=60.0)  # worker asleep
+    big = _padded({"reward": 1.0, "loss": 2.0}, 20_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for step in range(40):
+            async_tee.tee_rl_metrics_to_otel(big, "train", step)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # 40 whole copies would hold ~40 x 0.6 MiB; the snapshots hold the two read keys.
+    assert held < 256 * 1024, held
+    assert async_tee.stats()["pending"] == 40
+
+
+def test_a_large_setup_dict_is_copied_whole(provider, reader):
+    setup = {f"phase_{i}_time_s": float(i) for i in range(500)}  # > FILTER_ABOVE, < 512 sets
+    async_tee.start_telemetry(provider)
+    async_tee.tee_rl_metrics_to_otel(setup, "timing/setup", 0)
+    assert async_tee.flush(10)
+    phases = {dict(attrs)["rl.setup.phase"] for name, attrs in collect(reader)}
+    assert len(phases) == 500  # the setup family reads every key ending in _s
