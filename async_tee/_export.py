@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -33,6 +34,10 @@ from async_tee._reporting import logger, warn_once
 
 if TYPE_CHECKING:
     from async_tee._delivery import ExportCounts
+
+CANCEL_MARGIN_S = 0.5
+"""At most this much of a shutdown's budget (and at most a tenth) is kept to cancel an
+export still in flight, so the exporting thread ends within the budget."""
 
 
 def _suppressed_instrumentation() -> Any:
@@ -102,6 +107,11 @@ class ExportingReader(MetricReader):
 
             os.register_at_fork(after_in_child=after_in_child)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`shutdown` was called."""
+        return self._stopped
+
     def _after_fork_in_child(self) -> None:
         """The child's own exporting thread (the parent's did not survive ``fork``)."""
         if not self._stopped:
@@ -131,7 +141,9 @@ class ExportingReader(MetricReader):
         self._local.trigger = "step"
         try:
             self.collect(timeout_millis=self._timeout_ms)
-        except Exception:  # noqa: BLE001 - a callback's failure must not reach the worker
+        except BaseException:  # a callback's failure (SystemExit too) must not reach the worker
+            if sys.is_finalizing():
+                raise
             self.counts.add("step", ok=False)
             warn_once("export:collect", "async_tee: collecting a step's metrics failed")
             return False
@@ -191,7 +203,9 @@ class ExportingReader(MetricReader):
         self._local.trigger = trigger
         try:
             self.collect(timeout_millis=self._timeout_ms)
-        except Exception:  # noqa: BLE001 - a slow or raising callback must not end the thread
+        except BaseException:  # a slow or raising callback (SystemExit too) must not end it
+            if sys.is_finalizing():
+                raise
             self.counts.add(trigger, ok=False)
             self._last_export = time.monotonic()
             warn_once("export:collect", "async_tee: collecting metrics for an export failed")
@@ -205,7 +219,9 @@ class ExportingReader(MetricReader):
             with _suppressed_instrumentation():
                 result = self._exporter.export(metrics_data, timeout_millis=self._timeout_ms)
             ok = result is MetricExportResult.SUCCESS
-        except Exception:  # noqa: BLE001 - an exporter bug is a failed export
+        except BaseException:  # an exporter bug is a failed export, whatever it raises
+            if sys.is_finalizing():
+                raise
             warn_once("export:raised", "async_tee: the metric exporter raised")
             ok = False
         self.counts.add(trigger, ok)
@@ -244,11 +260,14 @@ class ExportingReader(MetricReader):
         if self._stopped:
             return
         self._stopped = True
-        deadline = time.monotonic() + max(0.0, timeout_millis) / 1000.0
+        budget = max(0.0, timeout_millis) / 1000.0
+        deadline = time.monotonic() + budget
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self.thread.join(max(0.0, deadline - time.monotonic()))
+        # Keep a little of the budget to cancel an export still in flight at the deadline:
+        # shutting the exporter down closes its channel, which ends the call, and the thread.
+        self.thread.join(max(0.0, deadline - min(CANCEL_MARGIN_S, budget / 10) - time.monotonic()))
         with self._cond:
             self._abandoned = self.thread.is_alive()
         remaining_ms = max(0.0, deadline - time.monotonic()) * 1000.0
@@ -256,3 +275,4 @@ class ExportingReader(MetricReader):
             self._exporter.shutdown(timeout_millis=remaining_ms)
         except Exception:  # noqa: BLE001 - shutdown must not raise
             warn_once("export:shutdown", "async_tee: shutting down the metric exporter failed")
+        self.thread.join(max(0.0, deadline - time.monotonic()))

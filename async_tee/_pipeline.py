@@ -310,7 +310,13 @@ class Pipeline:
             "steps": self._step_stats(),
             "exporting": self.is_exporting,
             "worker_died": int(worker is not None and worker.died),
+            "export_thread_died": int(self._export_thread_died()),
         }
+
+    def _export_thread_died(self) -> bool:
+        """Whether an exporting thread ended while its session still runs (never expected)."""
+        readers = self._built.push_readers if self._built is not None else []
+        return any(not r.thread.is_alive() and not r.stopped for r in readers)
 
     def _step_stats(self) -> dict[str, Any]:
         steps = self.steps

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -383,7 +384,9 @@ class InstrumentRegistry:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             try:
                 return list(callback(options))
-            except Exception:  # noqa: BLE001 - the owner's callback must not break an export
+            except BaseException:  # the owner's callback must not break an export
+                if sys.is_finalizing():
+                    raise
                 self.counts.errors += 1
                 warn_once(f"callback:{spec.name}", "async_tee: callback of %s failed", spec.name)
                 return []
