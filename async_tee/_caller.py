@@ -80,8 +80,7 @@ def tee_rl_metrics_to_otel(
     the keys the worker reads, so cost and memory are bounded by what is teed) and puts
     the copy with a monotonic timestamp on the bounded drop-oldest queue: no mapping, no
     OTel call, no lock shared with the worker, no wake-up unless a burst is about to
-    overflow the queue. Safe from any thread and from
-    inside a running event loop.
+    overflow the queue. Safe from any thread and from inside a running event loop.
 
     Args:
         metrics: The dict handed to ``Logger.log_metrics``.

@@ -10,14 +10,15 @@ the inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor a
 against the tee: two tables from one run, the ``caller`` and ``baselines`` parts),
 ``bench_overhead.py`` (step time of a simulated training loop with and without the tee),
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
-against periodic export) and ``bench_memory.py`` (RSS through 10^6 calls against a
-stalled receiver). Their JSON
+against periodic export), ``bench_memory.py`` (RSS through 10^6 calls against a
+stalled receiver) and ``bench_sizes.py`` (caller latency and queue memory of the tee's key
+filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
 the issue's targets with whether each holds) and ``latency.png`` (``plot.py``).
 
-Full: about 9.5 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+Full: about 10 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
@@ -37,6 +38,7 @@ import bench_export
 import bench_latency
 import bench_memory
 import bench_overhead
+import bench_sizes
 from _common import HERE, RESULTS, machine_info, machine_line, md_table, progress
 
 Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
@@ -47,6 +49,7 @@ SECTIONS: dict[str, Section] = {
     "overhead": ("Training-loop overhead (bench_overhead.py)", bench_overhead.section),
     "export": ("Step-aligned export CPU (bench_export.py)", bench_export.section),
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
+    "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
 }
 PARTS = tuple(SECTIONS)
 # The scripts, and the parts each one's report holds: bench_latency.py measures both
@@ -57,6 +60,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "overhead": ("overhead",),
     "export": ("export",),
     "memory": ("memory",),
+    "sizes": ("sizes",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 
@@ -172,6 +176,39 @@ def memory_targets(memory: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def sizes_targets(sizes: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Where filtering a large dict beats copying it (reported, no limit)."""
+    latency = sizes.get("latency")
+    if not latency:
+        return []
+    rows = []
+    for size, entry in latency["sizes"].items():
+        if not entry["filter_applies"]:
+            continue
+        memory = sizes["memory"]["sizes"][size]
+        rows.append(
+            (
+                f"key filter against whole copy, {int(size):,} keys",
+                f"p50 x{entry['whole_over_filtered']['p50']:.1f} faster, p99 "
+                f"x{entry['whole_over_filtered']['p99']:.1f}; full queue "
+                f"{memory['filtered']['traced_queue_mib']:.2f} MiB against "
+                f"{memory['whole']['traced_queue_mib']:.0f} MiB",
+                "reported",
+            )
+        )
+    estimate = latency["crossover_estimate"]
+    found = estimate["keys"]
+    rows.append(
+        (
+            "copy/filter crossover (caller p50)",
+            f"{'~' + format(found, ',') + ' keys' if found is not None else estimate['note']} "
+            f"(FILTER_ABOVE {estimate['shipped_filter_above']})",
+            "reported",
+        )
+    )
+    return rows
+
+
 def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Every target of the issue as (target, where it holds, where it misses)."""
     return (
@@ -179,6 +216,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         + overhead_targets(report.get("overhead", {}))
         + export_targets(report.get("export", {}))
         + memory_targets(report.get("memory", {}))
+        + sizes_targets(report.get("sizes", {}))
     )
 
 
