@@ -189,7 +189,7 @@ def sizes_targets(sizes: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(
             (
                 f"key filter against whole copy, {int(size):,} keys",
-                f"p50 x{entry['whole_over_filtered']['p50']:.1f} faster, p99 "
+                f"filtered: p50 x{entry['whole_over_filtered']['p50']:.1f} lower, p99 "
                 f"x{entry['whole_over_filtered']['p99']:.1f}; full queue "
                 f"{memory['filtered']['traced_queue_mib']:.2f} MiB against "
                 f"{memory['whole']['traced_queue_mib']:.0f} MiB",
