@@ -232,8 +232,9 @@ _CALLS = st.lists(st.tuples(_METRICS, _PREFIXES, _STEPS, st.booleans()), min_siz
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 10,000 examples: ~70 s, ~2.5 min under coverage on a slow host
 def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(provider, reader):
-    async_tee.start_telemetry(provider)
+    session = async_tee.start_telemetry(provider)
     examples = [0]
 
     @settings(
@@ -247,7 +248,7 @@ def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(pro
         examples[0] += 1
         for metrics, prefix, step, finished in calls:
             async_tee.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=finished)
-        stats = async_tee.stats()
+        stats = session.stats(lag_percentiles=False)  # what the self-series read
         assert _identity_holds(stats), stats
         assert stats["worker_died"] == 0
 
