@@ -385,10 +385,15 @@ def run_block(condition: Condition, env: Env, plan: Plan, step: int) -> tuple[Bl
 
 def run_rounds(conditions: Sequence[Condition], env: Env, plan: Plan) -> dict[str, list[Block]]:
     """Every condition once per round, the order rotated each round."""
-    blocks: dict[str, list[Block]] = {c.key: [] for c in conditions}
+    return run_cells([(condition, env) for condition in conditions], plan)
+
+
+def run_cells(cells: Sequence[tuple[Condition, Env]], plan: Plan) -> dict[str, list[Block]]:
+    """Every (condition, its dict) once per round, the order rotated each round."""
+    blocks: dict[str, list[Block]] = {condition.key: [] for condition, _ in cells}
     step = 1
     for round_ in range(plan.blocks):
-        for condition in rotated(conditions, round_, plan.blocks):
+        for condition, env in rotated(cells, round_, plan.blocks):
             started = time.perf_counter()
             block, step = run_block(condition, env, plan, step)
             blocks[condition.key].append(block)

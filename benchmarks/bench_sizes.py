@@ -86,7 +86,7 @@ from _blocks import (
     Env,
     Plan,
     Target,
-    run_block,
+    run_cells,
     summarise,
 )
 from _common import (
@@ -96,11 +96,9 @@ from _common import (
     machine_info,
     md_table,
     parse_bench_args,
-    percentiles,
     progress,
     publish,
     quiet_logging,
-    rotated,
     rss_bytes,
     text_table,
 )
@@ -216,23 +214,6 @@ def latency_cells(values: str) -> tuple[list[Cell], dict[int, dict[str, Any]]]:
         ]  # fmt: skip
     cells.append((TIMER, Env({}, {})))
     return cells, dicts
-
-
-def run_cells(cells: Sequence[Cell], plan: Plan) -> dict[str, list[Block]]:
-    """Every row once per round, the order rotated each round (as ``_blocks.run_rounds``)."""
-    blocks: dict[str, list[Block]] = {condition.key: [] for condition, _ in cells}
-    step = 1
-    for round_ in range(plan.blocks):
-        for condition, env in rotated(cells, round_, plan.blocks):
-            started = time.perf_counter()
-            block, step = run_block(condition, env, plan, step)
-            blocks[condition.key].append(block)
-            p50 = percentiles(block.hist)["p50"]
-            progress(
-                f"[{round_ + 1}/{plan.blocks}] {condition.label:<34} n={block.n:>7} "
-                f"p50={p50:10.3f} µs  ({time.perf_counter() - started:5.1f} s)"
-            )
-    return blocks
 
 
 def row_summary(condition: Condition, blocks: Sequence[Block]) -> dict[str, Any]:
