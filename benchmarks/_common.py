@@ -354,6 +354,11 @@ def fmt(value: float | None) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
 
+def fmt_opt(value: float | None, spec: str = ".0f", missing: str = "") -> str:
+    """A figure formatted with ``spec``, or ``missing`` where there is none."""
+    return missing if value is None else format(value, spec)
+
+
 def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     """A markdown table as lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]

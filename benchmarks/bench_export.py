@@ -80,6 +80,7 @@ from typing import Any
 from _common import (
     FIXTURE,
     bench_parser,
+    fmt_opt,
     machine_info,
     md_table,
     percentiles,
@@ -543,10 +544,6 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ tables
 
 
-def _f(value: float | None, spec: str = ".0f") -> str:
-    return "" if value is None else format(value, spec)
-
-
 TITLE = "Step-aligned export: CPU per export, against periodic export"
 HEADER = (
     "step",
@@ -578,17 +575,17 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 c["mode"],
                 str(c["steps"]),
                 str(c["exports"]),
-                _f(_get(c, "exporter_cpu_per_export_us", "p50")),
-                _f(_get(c, "exporter_cpu_per_export_us", "p99")),
-                _f(_get(c, "exporter_cpu_per_export_us", "max")),
-                f"{_f(_get(c, 'collect_cpu_us', 'p50'))} ({collect_threads})",
-                _f(_get(c, "exporter_thread_cpu_per_step_us", "p50")),
-                _f(_get(c, "worker_cpu_per_step_us", "p50")),
-                _f(_get(c, "worker_cpu_per_step_us", "p99")),
-                _f(_get(c, "worker_cpu_per_step_us", "max")),
-                _f(c["totals"]["worker_cpu_per_step_us"]),
-                _f(c["totals"]["threads_cpu_per_step_us"]),
-                _f(c["totals"]["process_cpu_per_step_us"]),
+                fmt_opt(_get(c, "exporter_cpu_per_export_us", "p50")),
+                fmt_opt(_get(c, "exporter_cpu_per_export_us", "p99")),
+                fmt_opt(_get(c, "exporter_cpu_per_export_us", "max")),
+                f"{fmt_opt(_get(c, 'collect_cpu_us', 'p50'))} ({collect_threads})",
+                fmt_opt(_get(c, "exporter_thread_cpu_per_step_us", "p50")),
+                fmt_opt(_get(c, "worker_cpu_per_step_us", "p50")),
+                fmt_opt(_get(c, "worker_cpu_per_step_us", "p99")),
+                fmt_opt(_get(c, "worker_cpu_per_step_us", "max")),
+                fmt_opt(c["totals"]["worker_cpu_per_step_us"]),
+                fmt_opt(c["totals"]["threads_cpu_per_step_us"]),
+                fmt_opt(c["totals"]["process_cpu_per_step_us"]),
             )
         )
     return rows
@@ -608,10 +605,10 @@ def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     return [
         (
             f"{r['step_s']:g} s",
-            _f(r["exporter_cpu_per_export_p50"], ".2f"),
-            _f(r["exporter_thread_cpu_per_export_total"], ".2f"),
-            _f(r["worker_cpu_per_step_total"], ".2f"),
-            _f(r["threads_cpu_per_step_total"], ".2f"),
+            fmt_opt(r["exporter_cpu_per_export_p50"], ".2f"),
+            fmt_opt(r["exporter_thread_cpu_per_export_total"], ".2f"),
+            fmt_opt(r["worker_cpu_per_step_total"], ".2f"),
+            fmt_opt(r["threads_cpu_per_step_total"], ".2f"),
         )
         for r in report["ratios"]
     ]

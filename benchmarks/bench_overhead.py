@@ -46,6 +46,7 @@ from _common import (
     Session,
     bench_parser,
     find_call,
+    fmt_opt,
     machine_info,
     md_table,
     parse_bench_args,
@@ -299,10 +300,6 @@ def summarise_all(blocks: list[Block], cfg: Config) -> list[dict[str, Any]]:
     return [summarise(blocks, v, length) for length in cfg.lengths_ms for v in VARIANTS]
 
 
-def _opt(value: float | None, spec: str) -> str:
-    return "" if value is None else format(value, spec)
-
-
 TITLE = "Training-loop overhead of async_tee"
 TABLE_HEADER = (
     "step",
@@ -330,11 +327,11 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             f"{c['p50_ms']:.3f}",
             f"{c['p99_ms']:.3f}",
             f"{c['mean_ms']:.3f}",
-            "" if c["variant"] == "bare" else _opt(c["overhead_pct_mean"], "+.2f"),
-            "" if c["variant"] == "bare" else _opt(c["overhead_pct_p50"], "+.2f"),
-            _opt(c["worker_cpu_per_step_us"], ".1f"),
-            _opt(c["exporter_cpu_ms_per_s"], ".2f"),
-            _opt(c["threads_cpu_pct_of_step"], ".3f"),
+            "" if c["variant"] == "bare" else fmt_opt(c["overhead_pct_mean"], "+.2f"),
+            "" if c["variant"] == "bare" else fmt_opt(c["overhead_pct_p50"], "+.2f"),
+            fmt_opt(c["worker_cpu_per_step_us"], ".1f"),
+            fmt_opt(c["exporter_cpu_ms_per_s"], ".2f"),
+            fmt_opt(c["threads_cpu_pct_of_step"], ".3f"),
             "" if c["variant"] == "bare" else str(c["dropped"]),
         )
         for c in cells

@@ -39,7 +39,7 @@ import bench_latency
 import bench_memory
 import bench_overhead
 import bench_sizes
-from _common import HERE, RESULTS, machine_info, machine_line, md_table, progress
+from _common import HERE, RESULTS, fmt_opt, machine_info, machine_line, md_table, progress
 
 Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
 
@@ -104,7 +104,7 @@ def caller_targets(caller: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def _opt(value: float | None, spec: str) -> str:
     """A figure, or ``n/a`` where the part could not measure it."""
-    return "n/a" if value is None else format(value, spec)
+    return fmt_opt(value, spec, missing="n/a")
 
 
 def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
