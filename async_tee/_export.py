@@ -4,7 +4,7 @@ The SDK's ``PeriodicExportingMetricReader`` collects and exports in one call, on
 timer, so a gauge leaves the process with whatever value it holds when the timer fires
 and most steps are never seen (docs/semantics.md §9). :class:`ExportingReader` separates
 the two halves. At a step boundary the worker calls :meth:`ExportingReader.collect_step`:
-the collection (the observable callbacks reading the tables, ~1 ms for the fixture's 43
+the collection (the observable callbacks reading the tables, ~1-3 ms for the fixture's 43
 series) runs on the worker while the tables hold exactly that step, and the collected
 data is handed to the exporting thread, which sends it. A newer step collected while an
 export is in flight replaces the one waiting behind it (counted in :attr:`superseded`),

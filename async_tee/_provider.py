@@ -116,7 +116,7 @@ def _readers(
                 timeout_s=settings.export_timeout_ms / 1000.0,
                 min_interval_s=settings.min_export_interval_s,
                 counts=counts,
-                # Only the first OTLP exporter is driven by steps; the console keeps its period.
+                # The OTLP exporter is driven by completed steps; the console keeps its period.
                 step_aligned=name == "otlp" and settings.step_export,
             )
         )

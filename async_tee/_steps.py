@@ -14,9 +14,9 @@ the tables hold exactly that step. Otherwise the step waits, still clean, until 
 interval allows (the worker wakes for it) or a dict of a later step arrives first, which
 folds it into a later export (counted in :attr:`StepClock.coalesced`). The interval is
 measured on the trainer's timeline (when the dicts were logged), not on the worker's:
-a worker that woke late must not fold steps that were logged far enough apart. Dicts of an older
-step, or of the same step after it completed, are recorded as they come and never start
-an export. A step that is not a finite real number (an array, an object whose comparison
+a worker that woke late must not fold steps that were logged far enough apart. Dicts of
+an older step, or of the same step after it completed, are recorded as they come and
+never start an export. A step that is not a finite real number (an array, an object whose comparison
 raises, NaN) counts as no step, for the counters' de-duplication too, and is never stored.
 Runs only on the worker thread; never raises.
 """

@@ -5,7 +5,7 @@ and hands the GIL to the woken thread inside the producer's call): the worker wa
 ``drain_interval_s`` by itself, and is woken early only when a burst crosses the queue's
 high-water mark, or by ``flush``/``stop`` from their own threads. Each popped item is
 handed to ``process``; a failure there is counted and never stops the loop. After each
-drain ``after_drain`` runs (the step clock: it may collect a completed step, ~1-2 ms of
+drain ``after_drain`` runs (the step clock: it may collect a completed step, ~1-3 ms of
 CPU, and asks for the next wake it needs). The loop never runs blocking work: sending
 stays on the exporting thread, and the default executor is never used.
 """
