@@ -14,6 +14,7 @@ The data flows one way through it: the caller's snapshot (``_caller``) -> the qu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -23,7 +24,7 @@ from async_tee import _caller, _series
 from async_tee._caller import Snapshot
 from async_tee._delivery import ExportCounts
 from async_tee._handoff import DropOldestQueue
-from async_tee._provider import BuiltProvider, build_meter_provider, close_servers
+from async_tee._provider import BuiltProvider, ExporterState, build_meter_provider, close_servers
 from async_tee._recorder import CountedSteps, RLRecorder
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
@@ -179,7 +180,14 @@ class Pipeline:
             close_servers(self._built.servers)
         after = self.export_counts.totals()
         exported = not pushes or after["success"] > before["success"]
-        return bool(outcome and outcome[0]) and exported and after["failure"] == before["failure"]
+        # An exporter that never started delivered nothing, whatever the others did.
+        every_one_started = all(state.started for state in self.exporters)
+        return (
+            bool(outcome and outcome[0])
+            and exported
+            and after["failure"] == before["failure"]
+            and every_one_started
+        )
 
     # ------------------------------------------------------------------ the worker's calls
 
@@ -231,8 +239,35 @@ class Pipeline:
 
     @property
     def is_exporting(self) -> bool:
-        """Whether the tee is live: telemetry started, enabled, and not shut down."""
-        return self.queue is not None and _caller.attached() is self.queue
+        """Whether the tee is live and has somewhere to export.
+
+        False before start, while disabled, on a rank ``ASYNC_TEE_EXPORT_RANKS`` leaves
+        out, after shutdown, and when every exporter asked for failed to start (the tee
+        still records then, so ``stats()`` counts on; nothing leaves the process).
+        """
+        live = self.queue is not None and _caller.attached() is self.queue
+        exporters = self.exporters
+        return live and (not exporters or any(state.started for state in exporters))
+
+    @property
+    def exporters(self) -> list[ExporterState]:
+        """Each exporter async_tee was asked to build, and whether it started.
+
+        Empty for a provider passed in, and for ``OTEL_METRICS_EXPORTER=none``.
+        """
+        return list(self._built.exporters) if self._built is not None else []
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` the Prometheus exporter serves ``/metrics`` on, if it started.
+
+        With port 0 this is the port the system chose.
+        """
+        for state in self.exporters:
+            if state.name == "prometheus" and state.started:
+                host, _, port = state.where.rpartition(":")
+                return host, int(port)
+        return None
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -309,6 +344,12 @@ class Pipeline:
             "exports_by_trigger": self.export_counts.snapshot(),
             "steps": self._step_stats(),
             "exporting": self.is_exporting,
+            "exporters": {state.name: state.as_dict() for state in self.exporters},
+            "ranks": {
+                **dataclasses.asdict(self.settings.ranks),
+                "export_ranks": self.settings.export_ranks,
+                "exports": self.settings.exports_from_this_rank,
+            },
             "worker_died": int(worker is not None and worker.died),
             "export_thread_died": int(self._export_thread_died()),
         }

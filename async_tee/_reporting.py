@@ -21,12 +21,13 @@ _WARNED: set[str] = set()  # the keys that have warned once
 _SATURATED = False  # whether the "too many distinct failures" warning was given
 
 
-def warn_once(key: str, message: str, *args: object) -> None:
+def warn_once(key: str, message: str, *args: object, traceback: bool = True) -> None:
     """Warn with a traceback the first time ``key`` fails, then stay quiet.
 
     Warning level once, so a permanently dead sink is visible at default verbosity; debug
     afterwards, so the repetition is still recoverable when someone is looking for it.
-    ``message`` takes lazy ``%`` arguments. Never raises.
+    ``message`` takes lazy ``%`` arguments. With ``traceback=False`` the warning is the
+    message alone (a line that names its fix) and the traceback goes to debug. Never raises.
     """
     global _SATURATED
     try:
@@ -45,7 +46,9 @@ def warn_once(key: str, message: str, *args: object) -> None:
             logger.debug(message, *args, exc_info=exc_info)
             return
         _WARNED.add(key)
-        logger.warning(message, *args, exc_info=exc_info)
+        logger.warning(message, *args, exc_info=exc_info and traceback)
+        if exc_info and not traceback:
+            logger.debug("async_tee: the traceback of the warning above", exc_info=exc_info)
     except Exception:  # noqa: BLE001 - a broken log handler must not reach training
         pass
 

@@ -114,6 +114,14 @@ def start_telemetry(
         if not settings.enabled:
             logger.info("async_tee: disabled (ASYNC_TEE_ENABLED / OTEL_SDK_DISABLED)")
             return pipeline
+        if not settings.exports_from_this_rank:
+            logger.info(
+                "async_tee: rank %s (local rank %s) does not export (ASYNC_TEE_EXPORT_RANKS=%s)",
+                settings.ranks.rank,
+                settings.ranks.local_rank,
+                settings.export_ranks,
+            )
+            return pipeline  # nothing starts: no thread, no hook, the tee stays a no-op
         _install_hooks()
         try:
             if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:

@@ -16,6 +16,7 @@ import socket
 from collections.abc import Mapping
 from urllib.parse import unquote
 
+from async_tee._launcher import LauncherRanks, launcher_ranks
 from async_tee._reporting import warn_once
 
 ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
@@ -50,7 +51,17 @@ ASYNC_TEE_FLUSH_SIGNALS = "ASYNC_TEE_FLUSH_SIGNALS"
 process goes on dying (``TERM,USR1`` for Slurm's ``--signal``; empty: install nothing)."""
 
 ASYNC_TEE_RANK_ATTRIBUTES = "ASYNC_TEE_RANK_ATTRIBUTES"
-"""bool, default true: add the distributed rank (``RANK``, ``LOCAL_RANK``, ...) to the resource."""
+"""bool, default true: add the launcher's ranks (``rl.rank``, ``rl.local_rank``, ...) to the
+resource (which launcher variables are read: :mod:`async_tee._launcher`)."""
+
+ASYNC_TEE_EXPORT_RANKS = "ASYNC_TEE_EXPORT_RANKS"
+"""``all`` (default) | ``0`` | ``local0``: which ranks start telemetry. ``0``: global rank 0
+only; ``local0``: local rank 0 of each node. On the others ``start_telemetry`` starts
+nothing and the tee stays a no-op. A process with no launcher rank counts as rank 0."""
+
+ASYNC_TEE_PROMETHEUS_BASE_PORT = "ASYNC_TEE_PROMETHEUS_BASE_PORT"
+"""int, default 9464: with no ``OTEL_EXPORTER_PROMETHEUS_PORT``, each local rank serves
+Prometheus on this port plus its local rank (0: any free port, for every rank)."""
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
@@ -84,12 +95,14 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 # as milliseconds, with a warning.
 _MILLISECONDS_THRESHOLD = 1000.0
 
-_RANK_VARIABLES = (
-    ("RANK", "rl.rank"),
-    ("LOCAL_RANK", "rl.local_rank"),
-    ("WORLD_SIZE", "rl.world_size"),
-    ("GROUP_RANK", "rl.node_rank"),
-    ("NODE_RANK", "rl.node_rank"),
+EXPORT_RANKS = ("all", "0", "local0")
+DEFAULT_PROMETHEUS_PORT = 9464
+
+_RANK_ATTRIBUTES = (
+    ("rank", "rl.rank"),
+    ("local_rank", "rl.local_rank"),
+    ("world_size", "rl.world_size"),
+    ("node_rank", "rl.node_rank"),
 )
 
 
@@ -114,8 +127,25 @@ class Settings:
     export_interval_ms: float = 60_000.0
     export_timeout_ms: float = 30_000.0
     prometheus_host: str = "127.0.0.1"
-    prometheus_port: int = 9464
+    prometheus_port: int = DEFAULT_PROMETHEUS_PORT
+    prometheus_base_port: int | None = DEFAULT_PROMETHEUS_PORT
     resource_attributes: tuple[tuple[str, str | int], ...] = ()
+    ranks: LauncherRanks = dataclasses.field(default_factory=LauncherRanks)
+    export_ranks: str = "all"
+
+    @property
+    def exports_from_this_rank(self) -> bool:
+        """Whether ``export_ranks`` lets this process start telemetry.
+
+        No launcher rank counts as rank 0; for ``local0``, no local rank counts as local
+        rank 0 only on global rank 0 (or with no rank at all).
+        """
+        rank, local_rank = self.ranks.rank, self.ranks.local_rank
+        if self.export_ranks == "0":
+            return rank in (None, 0)
+        if self.export_ranks == "local0":
+            return local_rank == 0 or (local_rank is None and rank in (None, 0))
+        return True
 
     def describe(self) -> str:
         """One line for the log, headers' values redacted."""
@@ -315,7 +345,9 @@ def run_id(environ: Mapping[str, str]) -> str:
     if slurm is not None:
         task = _first(environ, "SLURM_ARRAY_TASK_ID")
         return slurm[1] if task is None else f"{slurm[1]}_{task[1]}"
-    pid = os.getppid() if _first(environ, "RANK", "LOCAL_RANK") else os.getpid()
+    ranks = launcher_ranks(environ)
+    started_by_launcher = ranks.rank is not None or ranks.local_rank is not None
+    pid = os.getppid() if started_by_launcher else os.getpid()
     ticks = _start_ticks(pid)
     return f"local-{socket.gethostname()}-{pid}" + (f"-{ticks}" if ticks else "")
 
@@ -337,10 +369,11 @@ def _resource_attributes(
     if service is not None:
         attributes["service.name"] = service[1]
     if ranks:
-        for variable, attribute in _RANK_VARIABLES:
-            value = environ.get(variable, "").strip()
-            if value.isdigit() and attribute not in attributes:
-                attributes[attribute] = int(value)
+        launched = launcher_ranks(environ)
+        for field, attribute in _RANK_ATTRIBUTES:
+            value = getattr(launched, field)
+            if value is not None and attribute not in attributes:
+                attributes[attribute] = value
     # One identity per (run, rank): two jobs on a host never share one, and a rank
     # restarted within its job continues its own series rather than starting a new
     # random one (unbounded cardinality across restarts in a backend that keeps them).
@@ -354,12 +387,43 @@ def _resource_attributes(
     return tuple(attributes.items())
 
 
+def _export_ranks(environ: Mapping[str, str]) -> str:
+    raw = environ.get(ASYNC_TEE_EXPORT_RANKS)
+    if raw is None or not raw.strip():
+        return "all"
+    value = raw.strip().lower()
+    if value not in EXPORT_RANKS:
+        _warn_malformed(ASYNC_TEE_EXPORT_RANKS, raw, "all")
+        return "all"
+    return value
+
+
+def _prometheus_ports(environ: Mapping[str, str], ranks: LauncherRanks) -> tuple[int, int | None]:
+    """``(port to serve on, the base it came from)``; the base is None for an explicit port.
+
+    ``OTEL_EXPORTER_PROMETHEUS_PORT`` is this process's port, as OTel means it (a wrapper
+    that sets it per rank keeps its ports). Without it, each local rank serves on
+    ``ASYNC_TEE_PROMETHEUS_BASE_PORT + local rank``; a base of 0 means any free port.
+    """
+    explicit = _first(environ, OTEL_EXPORTER_PROMETHEUS_PORT)
+    if explicit is not None:
+        if explicit[1].isdigit() and int(explicit[1]) <= 65535:
+            return int(explicit[1]), None
+        # Ignored, as if it were not set: the per-rank rule below applies.
+        _warn_malformed(OTEL_EXPORTER_PROMETHEUS_PORT, explicit[1], "the base port + local rank")
+    base = _integer(environ, ASYNC_TEE_PROMETHEUS_BASE_PORT, DEFAULT_PROMETHEUS_PORT, 0, 65535)
+    # Past 65535 the port is out of range: the exporter reports it cannot start.
+    return (base + (ranks.local_rank or 0) if base else 0), base
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read every variable from ``environ`` (``os.environ`` by default). Never raises."""
     env = os.environ if environ is None else environ
     defaults = Settings()
     enabled = _bool(env, ASYNC_TEE_ENABLED, True) and not _bool(env, OTEL_SDK_DISABLED, False)
     protocol = _protocol(env)
+    ranks = launcher_ranks(env)
+    prometheus_port, prometheus_base_port = _prometheus_ports(env, ranks)
     return Settings(
         enabled=enabled,
         queue_size=_integer(env, ASYNC_TEE_QUEUE_SIZE, defaults.queue_size, 1, 1_000_000),
@@ -390,6 +454,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             env, OTEL_METRIC_EXPORT_TIMEOUT, defaults.export_timeout_ms, 1.0, 86_400_000.0
         ),
         prometheus_host=(_first(env, OTEL_EXPORTER_PROMETHEUS_HOST) or ("", "127.0.0.1"))[1],
-        prometheus_port=_integer(env, OTEL_EXPORTER_PROMETHEUS_PORT, 9464, 0, 65535),
+        prometheus_port=prometheus_port,
+        prometheus_base_port=prometheus_base_port,
         resource_attributes=_resource_attributes(env, _bool(env, ASYNC_TEE_RANK_ATTRIBUTES, True)),
+        ranks=ranks,
+        export_ranks=_export_ranks(env),
     )
