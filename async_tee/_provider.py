@@ -95,7 +95,9 @@ def close_servers(servers: list[Any]) -> None:
 
 def _failed(name: str, where: str, error: str) -> ExporterState:
     """An exporter that cannot start: one warning line naming the fix, the traceback at debug."""
-    warn_once(f"exporter:{name}", "async_tee: %s exporter not started: %s", name, error)
+    warn_once(
+        f"exporter:{name}", "async_tee: %s exporter not started: %s", name, error, traceback=False
+    )
     return ExporterState(name, False, where, error)
 
 
