@@ -1,14 +1,26 @@
-"""End to end through a real Prometheus server (Debian's package) scraping async_tee."""
+"""End to end through a real Prometheus server (Debian's package) scraping async_tee.
+
+One process teeing the fixture, and a launched job of 4 real rank processes per launcher
+family (torchrun, SLURM, Open MPI), each serving its own port with no port set for it,
+scraped by one Prometheus: every rank's values are there under its own rank, and every
+query of the generated dashboard returns data from them.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,15 +44,31 @@ def query(port: int, expr: str) -> list[dict[str, Any]]:
         return json.load(response)["data"]["result"]
 
 
-@pytest.fixture
-def prometheus_server(tmp_path):
-    target, web = free_port(), free_port()
+def free_ports(count: int) -> int:
+    """A base port with ``count`` free ports from it on (checked by binding each)."""
+    for _ in range(200):
+        base = random.randrange(20_000, 60_000)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError("no run of free ports found")
+
+
+@contextlib.contextmanager
+def run_prometheus(tmp_path: Path, jobs: dict[str, list[int]]) -> Iterator[int]:
+    """A real Prometheus scraping each job's ports every second; yields its web port."""
+    web = free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n  - job_name: async_tee\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
-    )
+    lines = ["global:", "  scrape_interval: 1s", "scrape_configs:"]
+    for job, ports in jobs.items():
+        targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
+        lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
+    config.write_text("\n".join(lines) + "\n")
     assert PROMETHEUS is not None
     proc = subprocess.Popen(
         [
@@ -53,10 +81,30 @@ def prometheus_server(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        yield target, web
+        yield web
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    target = free_port()
+    with run_prometheus(tmp_path, {"async_tee": [target]}) as web:
+        yield target, web
+
+
+def wait_for_query(web: int, expr: str, done: Any, timeout_s: float = 45) -> list[dict[str, Any]]:
+    """Poll a query until ``done(result)`` holds; the last result either way."""
+    deadline = time.monotonic() + timeout_s
+    result: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):  # the server may still be starting
+            result = query(web, expr)
+            if done(result):
+                return result
+        time.sleep(0.5)  # polling an external server, not waiting for our worker
+    return result
 
 
 @pytest.mark.slow
@@ -98,3 +146,142 @@ def test_fixture_run_is_queryable_in_a_real_prometheus(prometheus_server):
     for expr, value in wanted.items():
         assert found[expr] == pytest.approx(value), expr
     assert async_tee.shutdown_telemetry(5)
+
+
+# Each launcher family's variables for rank r of a 4-rank job on one node.
+FAMILIES = {
+    "torchrun": lambda r: {
+        "RANK": str(r),
+        "LOCAL_RANK": str(r),
+        "WORLD_SIZE": "4",
+        "GROUP_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "job-torchrun",
+    },
+    "slurm": lambda r: {
+        "SLURM_PROCID": str(r),
+        "SLURM_LOCALID": str(r),
+        "SLURM_NTASKS": "4",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": "4242",
+    },
+    "openmpi": lambda r: {
+        "OMPI_COMM_WORLD_RANK": str(r),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+        "OMPI_COMM_WORLD_SIZE": "4",
+    },
+}
+RANKS = 4
+RANK_PROCESS = Path(__file__).parent / "rank_process.py"
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "OTEL_")
+
+
+def _rank_env(family: str, rank: int, base: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
+    return {
+        **env,
+        **FAMILIES[family](rank),
+        "OTEL_METRICS_EXPORTER": "prometheus",
+        # The base for the whole job, as a launcher's environment carries it: no rank is
+        # given a port of its own.
+        "ASYNC_TEE_PROMETHEUS_BASE_PORT": str(base),
+        "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+    }
+
+
+def _by_rank(result: list[dict[str, Any]]) -> dict[str, float]:
+    return {row["metric"].get("rl_rank", ""): float(row["value"][1]) for row in result}
+
+
+def _end(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
+    """Close every rank's stdin (it shuts down), and read its last line: what it delivered."""
+    for proc in procs.values():
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+    ends = {}
+    for key, proc in procs.items():
+        assert proc.stdout is not None
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        lines = proc.stdout.read().splitlines()
+        proc.stdout.close()
+        ends[key] = {k: v for k, v in json.loads(lines[-1]).items() if k != "at"} if lines else None
+    return ends
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_every_rank_of_every_launcher_family_is_scraped_under_its_own_rank(tmp_path):
+    dashboard = pytest.importorskip("async_tee.dashboard")
+    pytest.importorskip("grafana_foundation_sdk")
+    bases = {family: free_ports(RANKS) for family in FAMILIES}
+    jobs = {family: [base + r for r in range(RANKS)] for family, base in bases.items()}
+    procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
+    with run_prometheus(tmp_path, jobs) as web:
+        try:
+            for family, base in bases.items():
+                for rank in range(RANKS):
+                    procs[(family, rank)] = subprocess.Popen(
+                        [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3"],
+                        env=_rank_env(family, rank, base),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+            # Keep stepping until Prometheus scrapes every rank, and a few scrapes more so
+            # rates over the counters and the lag histogram have samples to work with.
+            every_target = wait_for_query(
+                web, "count(rl_step)", lambda r: r and float(r[0]["value"][1]) == 12
+            )
+            assert every_target, "Prometheus never scraped all 12 ranks"
+            rates_filled = wait_for_query(
+                web,
+                "count(rate(async_tee_lag_milliseconds_count[1m]) > 0)",
+                lambda r: r and float(r[0]["value"][1]) == 12,
+            )
+            assert rates_filled, "rates over 1m never covered every rank's steps"
+            reports = {}
+            for proc in procs.values():
+                assert proc.stdin is not None
+                proc.stdin.write("stop\n")
+                proc.stdin.flush()
+            for key, proc in procs.items():
+                assert proc.stdout is not None
+                reports[key] = json.loads(proc.stdout.readline())
+
+            for (family, rank), report in reports.items():
+                assert report["rank"] == rank
+                assert report["exporting"], (family, rank)
+                assert report["prometheus_address"] == ["127.0.0.1", bases[family] + rank]
+                assert report["stats"]["ranks"]["launcher"] == family
+                assert report["stats"]["exporters"]["prometheus"]["state"] == "started"
+
+            join = " * on (job, instance) group_left (rl_rank) target_info"
+            for family in FAMILIES:
+                steps = {rank: reports[(family, rank)]["steps"] for rank in range(RANKS)}
+                rewards = {str(r): r + 0.25 for r in range(RANKS)}
+                tokens = {str(r): 1000.0 * (r + 1) * steps[r] for r in range(RANKS)}
+                for name, wanted in [
+                    ("rl_reward_mean", rewards),
+                    ("rl_vllm_prompt_tokens_total", tokens),
+                ]:
+                    expr = f'{name}{{job="{family}"}}{join}'
+                    got = _by_rank(wait_for_query(web, expr, lambda r, w=wanted: _by_rank(r) == w))
+                    assert got == wanted, (family, name)
+
+            built = dashboard.build_dashboard()
+            empty = []
+            for expr in dashboard.panel_queries(built):
+                concrete = dashboard.expand_variables(expr)
+                result = query(web, concrete)
+                if not [row for row in result if row["value"][1] not in ("NaN", "+Inf", "-Inf")]:
+                    empty.append(concrete)
+            assert not empty, f"dashboard queries with no data: {empty}"
+        finally:
+            ends = _end(procs)
+    for key, proc in procs.items():
+        assert proc.returncode == 0, key
+        assert ends[key] == {"delivered": True}, key  # every exporter served to the end

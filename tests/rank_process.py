@@ -1,0 +1,84 @@
+"""One rank of a launched job, as the multi-rank tests start it (a real process).
+
+Its rank comes from the launcher's variables its parent set, read the way async_tee reads
+them. It tees the fixture's calls with values of its own (``reward = rank + 0.25``,
+``1000 x (rank + 1)`` prompt tokens a step), a step every ``--step-seconds``, until a
+line ``stop`` arrives on stdin (or, with ``--steps``, that many steps are done). Then it
+flushes and prints one JSON line: its rank, the steps it logged, what async_tee reports
+(``stats()``, the Prometheus address) and the names of async_tee's threads. It keeps
+serving until stdin closes, then shuts down and prints ``{"delivered": ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import async_tee
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grpo_step.json"
+
+
+def own_thread_names() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("async-tee"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=0, help="0: until stdin says stop")
+    parser.add_argument("--step-seconds", type=float, default=0.3)
+    args = parser.parse_args()
+
+    session = async_tee.start_telemetry()
+    rank = session.settings.ranks.rank or 0
+    calls = json.loads(FIXTURE.read_text())["calls"]
+    setup = [call for call in calls if call["step"] == 0]
+    step_calls = [call for call in calls if call["step"] != 0]
+    stop = threading.Event()
+
+    def wait_for_stop() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
+    for call in setup:
+        async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
+    # A fixed count of steps is never cut short; otherwise "stop" ends the pause and the loop.
+    pause = threading.Event() if args.steps else stop
+    steps = 0
+    while (steps < args.steps) if args.steps else not stop.is_set():
+        steps += 1
+        for call in step_calls:
+            metrics = dict(call["metrics"])
+            if call["prefix"] == "train":
+                metrics["reward"] = rank + 0.25
+                metrics["vllm/prompt_tokens"] = 1000 * (rank + 1)
+            async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps)
+        pause.wait(args.step_seconds)
+    flushed = async_tee.flush(10)
+    address = session.prometheus_address
+    report = {
+        "rank": rank,
+        "steps": steps,
+        "flushed": flushed,
+        "exporting": session.is_exporting,
+        "prometheus_address": list(address) if address else None,
+        "stats": async_tee.stats(),
+        "threads": own_thread_names(),
+    }
+    print(json.dumps(report), flush=True)
+    stop.wait()  # keep serving /metrics until the test is done with it
+    for _ in sys.stdin:  # and until it closes stdin
+        pass
+    delivered = async_tee.shutdown_telemetry(10)
+    print(json.dumps({"delivered": delivered, "at": time.time()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
