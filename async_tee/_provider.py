@@ -122,9 +122,15 @@ def _endpoint_problem(settings: Settings) -> str | None:
     return None
 
 
+# OTEL_EXPORTER_OTLP_COMPRESSION's values, named as gRPC's enum names them. Passed to the
+# exporter explicitly, so start_telemetry(environ=...) is honoured (it reads os.environ).
+_GRPC_COMPRESSION = {"none": "NoCompression", "gzip": "Gzip", "deflate": "Deflate"}
+
+
 def _otlp_exporter(settings: Settings) -> Any:
     headers = dict(settings.otlp_headers) or None
     if settings.otlp_protocol == "grpc":
+        import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         insecure = settings.otlp_insecure
@@ -135,13 +141,18 @@ def _otlp_exporter(settings: Settings) -> Any:
             insecure=insecure,
             headers=headers,
             timeout=settings.otlp_timeout_s,
+            compression=getattr(grpc.Compression, _GRPC_COMPRESSION[settings.otlp_compression]),
         )
+    from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HTTPMetricExporter,
     )
 
     return HTTPMetricExporter(
-        endpoint=settings.otlp_endpoint, headers=headers, timeout=settings.otlp_timeout_s
+        endpoint=settings.otlp_endpoint,
+        headers=headers,
+        timeout=settings.otlp_timeout_s,
+        compression=Compression(settings.otlp_compression),
     )
 
 

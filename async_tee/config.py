@@ -71,6 +71,8 @@ OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 OTEL_EXPORTER_OTLP_METRICS_HEADERS = "OTEL_EXPORTER_OTLP_METRICS_HEADERS"
+OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION"
+OTEL_EXPORTER_OTLP_METRICS_COMPRESSION = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"
 OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
 OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
 OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
@@ -87,6 +89,7 @@ RUN_ID_ATTRIBUTE = "rl.run.id"
 
 EXPORTERS = ("otlp", "prometheus", "console", "none")
 PROTOCOLS = ("grpc", "http/protobuf")
+COMPRESSIONS = ("none", "gzip", "deflate")
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
@@ -123,6 +126,7 @@ class Settings:
     otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
     otlp_headers: tuple[tuple[str, str], ...] = ()
     otlp_timeout_s: float = 10.0
+    otlp_compression: str = "none"
     otlp_insecure: bool | None = None
     export_interval_ms: float = 60_000.0
     export_timeout_ms: float = 30_000.0
@@ -305,6 +309,17 @@ def _timeout(environ: Mapping[str, str]) -> float:
     return value
 
 
+def _compression(environ: Mapping[str, str]) -> str:
+    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, OTEL_EXPORTER_OTLP_COMPRESSION)
+    if found is None:
+        return "none"
+    name, raw = found
+    if raw.lower() not in COMPRESSIONS:
+        _warn_malformed(name, raw, "none")
+        return "none"
+    return raw.lower()
+
+
 def _insecure(environ: Mapping[str, str]) -> bool | None:
     """The first non-blank insecure flag; None (decided by the endpoint's scheme) if none."""
     found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_INSECURE, OTEL_EXPORTER_OTLP_INSECURE)
@@ -446,6 +461,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         otlp_endpoint=_endpoint(env, protocol),
         otlp_headers=_headers(env),
         otlp_timeout_s=_timeout(env),
+        otlp_compression=_compression(env),
         otlp_insecure=_insecure(env),
         export_interval_ms=_number(
             env, OTEL_METRIC_EXPORT_INTERVAL, defaults.export_interval_ms, 1.0, 86_400_000.0
