@@ -188,8 +188,11 @@ def stats() -> dict[str, Any]:
         (``success``/``failure`` over every export of a provider async_tee built),
         ``exports_by_trigger`` (the same by ``step``, ``interval``, ``shutdown``,
         ``flush``), ``steps`` (``last`` completed, ``completed``, ``exported`` on their
-        own, ``coalesced`` into a later export, ``unusable``: docs/semantics.md §9) and
-        ``exporting``. ``pending`` includes dicts the full queue dropped that the worker
+        own, ``coalesced`` into a later export, ``unusable``: docs/semantics.md §9),
+        ``exporting`` (the tee is live and an exporter asked for started), ``exporters``
+        (per exporter: ``state`` started/failed, ``where`` it sends or serves, ``error``
+        naming the fix) and ``ranks`` (the launcher's ranks, ``export_ranks`` and whether
+        this rank ``exports``: §10). ``pending`` includes dicts the full queue dropped that the worker
         has not yet seen; after ``flush`` they are in ``dropped``. ``enqueued`` counts
         end-of-step markers (§9) with the dicts.
     """
