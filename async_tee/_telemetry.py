@@ -192,9 +192,9 @@ def stats() -> dict[str, Any]:
         ``exporting`` (the tee is live and an exporter asked for started), ``exporters``
         (per exporter: ``state`` started/failed, ``where`` it sends or serves, ``error``
         naming the fix) and ``ranks`` (the launcher's ranks, ``export_ranks`` and whether
-        this rank ``exports``: §10). ``pending`` includes dicts the full queue dropped that the worker
-        has not yet seen; after ``flush`` they are in ``dropped``. ``enqueued`` counts
-        end-of-step markers (§9) with the dicts.
+        this rank ``exports``: §10). ``pending`` includes dicts the full queue dropped
+        that the worker has not yet seen; after ``flush`` they are in ``dropped``.
+        ``enqueued`` counts end-of-step markers (§9) with the dicts.
     """
     return _guarded_stats(lag_percentiles=True)
 

@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     sink.add_argument("--grpc-port", type=_port, default=4317, help="default: %(default)s")
     sink.add_argument("--http-port", type=_port, default=4318, help="default: %(default)s")
     sink.add_argument("--quiet", action="store_true", help="do not print the points")
+    sink.add_argument(
+        "--json",
+        action="store_true",
+        help="print each point as one JSON object per line (JSON Lines) on stdout; the "
+        "banner and the stop line go to stderr",
+    )
     sink.set_defaults(handler=_run_sink)
 
     demo = commands.add_parser(
@@ -111,19 +117,21 @@ def _run_catalog(args: argparse.Namespace) -> int:
 
 
 class _LinePrinter:
-    """Writes whole lines to stdout from any thread; stops quietly if stdout goes away."""
+    """Writes whole lines to stdout (or stderr) from any thread; stops quietly if it goes away."""
 
-    def __init__(self) -> None:
+    def __init__(self, to_stderr: bool = False) -> None:
         self._lock = threading.Lock()
         self._broken = False
+        self._to_stderr = to_stderr
 
     def __call__(self, line: str) -> None:
         with self._lock:
             if self._broken:
                 return
+            stream = sys.stderr if self._to_stderr else sys.stdout
             try:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
+                stream.write(line + "\n")
+                stream.flush()
             except (OSError, ValueError):  # a closed pipe (| head) must not spam warnings
                 self._broken = True
 
@@ -132,12 +140,19 @@ def _run_sink(args: argparse.Namespace) -> int:
     from async_tee.sink import OtlpSink
 
     printer = _LinePrinter()
+    notice = _LinePrinter(to_stderr=True) if args.json else printer  # stdout stays pure JSONL
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
-    sink = OtlpSink(args.host, args.grpc_port, args.http_port, echo=None if args.quiet else printer)
+    sink = OtlpSink(
+        args.host,
+        args.grpc_port,
+        args.http_port,
+        echo=None if args.quiet else printer,
+        echo_format="json" if args.json else "text",
+    )
     # Ctrl-C and SIGTERM both just ask the loop below to stop: a KeyboardInterrupt could
     # land anywhere (even between printing the banner and entering the loop).
     previous = {
@@ -149,7 +164,7 @@ def _run_sink(args: argparse.Namespace) -> int:
         except (OSError, RuntimeError) as exc:
             print(f"async-tee sink: cannot listen: {exc}", file=sys.stderr)
             return 1
-        printer(
+        notice(
             f"async-tee sink: receiving OTLP metrics on gRPC {sink.grpc_endpoint} and HTTP "
             f"{sink.http_endpoint}/v1/metrics (Ctrl-C to stop)"
         )
@@ -160,7 +175,7 @@ def _run_sink(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     requests = sink.requests
-    printer(
+    notice(
         f"async-tee sink: stopped; received {len(sink.points())} points in "
         f"{requests['grpc']} gRPC and {requests['http']} HTTP requests"
     )

@@ -11,8 +11,10 @@ against the tee: two tables from one run, the ``caller`` and ``baselines`` parts
 ``bench_overhead.py`` (step time of a simulated training loop with and without the tee),
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
 against periodic export), ``bench_memory.py`` (RSS through 10^6 calls against a
-stalled receiver) and ``bench_sizes.py`` (caller latency and queue memory of the tee's key
-filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys). Their JSON
+stalled receiver), ``bench_sizes.py`` (caller latency and queue memory of the tee's key
+filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys) and
+``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
+and without gzip, and what 1,000 ranks send). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
@@ -38,6 +40,7 @@ import bench_export
 import bench_latency
 import bench_memory
 import bench_overhead
+import bench_ranks
 import bench_sizes
 from _common import HERE, RESULTS, fmt_opt, machine_info, machine_line, md_table, progress
 
@@ -50,6 +53,7 @@ SECTIONS: dict[str, Section] = {
     "export": ("Step-aligned export CPU (bench_export.py)", bench_export.section),
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
+    "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
 }
 PARTS = tuple(SECTIONS)
 # The scripts, and the parts each one's report holds: bench_latency.py measures both
@@ -61,6 +65,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "export": ("export",),
     "memory": ("memory",),
     "sizes": ("sizes",),
+    "ranks": ("ranks",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 

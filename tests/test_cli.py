@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -23,6 +24,7 @@ from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
 )
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+from opentelemetry.sdk.resources import Resource
 
 import async_tee
 from async_tee import _default_rows as default_rows
@@ -46,17 +48,18 @@ def free_port() -> int:
 
 
 class Lines:
-    """Reads a subprocess's stdout on a thread, so the test can wait for a line with a bound."""
+    """Reads a subprocess's stdout (or ``stream``) on a thread, so a test can wait for a line."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], stream: IO[str] | None = None) -> None:
         self.queue: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
-        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        source = proc.stdout if stream is None else stream
+        assert source is not None
+        self.thread = threading.Thread(target=self._read, args=(source,), daemon=True)
         self.thread.start()
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+    def _read(self, source: IO[str]) -> None:
+        for line in source:
             self.queue.put(line.rstrip("\n"))
         self.queue.put(None)
 
@@ -87,20 +90,18 @@ class Lines:
         return out
 
 
+def sink_command(grpc_port: int, http_port: int, *options: str) -> list[str]:
+    return [
+        *(sys.executable, "-m", "async_tee", "sink", *options),
+        *("--grpc-port", str(grpc_port), "--http-port", str(http_port)),
+    ]
+
+
 @pytest.fixture
 def sink_process() -> Iterator[tuple[subprocess.Popen[str], Lines, int, int]]:
     grpc_port, http_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "async_tee",
-            "sink",
-            "--grpc-port",
-            str(grpc_port),
-            "--http-port",
-            str(http_port),
-        ],
+        sink_command(grpc_port, http_port),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,10 +119,21 @@ def sink_process() -> Iterator[tuple[subprocess.Popen[str], Lines, int, int]]:
                 stream.close()
 
 
-def export_one(protocol: str, grpc_port: int, http_port: int, name: str, value: float) -> None:
+def export_one(
+    protocol: str,
+    grpc_port: int,
+    http_port: int,
+    name: str,
+    value: float,
+    resource: Resource | None = None,
+) -> None:
     """Send one gauge point with the real OTLP exporter of ``protocol``."""
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider = MeterProvider(
+        metric_readers=[reader],
+        resource=Resource.create() if resource is None else resource,  # the SDK's default
+        shutdown_on_exit=False,
+    )
     provider.get_meter("cli-test").create_gauge(name, unit="s").set(value, {"proto": protocol})
     data = reader.get_metrics_data()
     provider.shutdown()
@@ -143,12 +155,14 @@ def test_sink_prints_points_from_both_protocols_and_exits_0_on_sigterm(sink_proc
     banner = lines.wait_for(lambda line: "receiving OTLP metrics" in line)
     assert f"127.0.0.1:{grpc_port}" in banner
     assert f"127.0.0.1:{http_port}/v1/metrics" in banner
-    export_one("grpc", grpc_port, http_port, "rl.cli.grpc", 1.5)
+    rank_3 = Resource({"service.instance.id": "job-7/rank-3", "rl.rank": 3})
+    export_one("grpc", grpc_port, http_port, "rl.cli.grpc", 1.5, rank_3)
     grpc_line = lines.wait_for(lambda line: "rl.cli.grpc" in line)
-    assert grpc_line.startswith("[grpc] rl.cli.grpc{proto='grpc'} = 1.5 s")
-    export_one("http", grpc_port, http_port, "rl.cli.http", 2.5)
+    assert grpc_line == "[grpc job-7/rank-3] rl.cli.grpc{proto='grpc'} = 1.5 s (gauge)"
+    rank_4 = Resource({"service.instance.id": "job-7/rank-4", "rl.rank": 4})
+    export_one("http", grpc_port, http_port, "rl.cli.http", 2.5, rank_4)
     http_line = lines.wait_for(lambda line: "rl.cli.http" in line)
-    assert http_line.startswith("[http] rl.cli.http{proto='http'} = 2.5 s")
+    assert http_line == "[http job-7/rank-4] rl.cli.http{proto='http'} = 2.5 s (gauge)"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(BOUND_S) == 0
@@ -165,6 +179,54 @@ def test_sink_stops_cleanly_on_ctrl_c(sink_process):
     assert any("stopped; received 0 points" in line for line in lines.rest())
     assert proc.stderr is not None
     assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_sink_json_prints_only_json_lines_on_stdout():
+    grpc_port, http_port = free_port(), free_port()
+    with subprocess.Popen(
+        sink_command(grpc_port, http_port, "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    ) as proc:
+        out, err = Lines(proc), Lines(proc, proc.stderr)
+        try:
+            banner = err.wait_for(lambda line: "receiving OTLP metrics" in line)
+            assert f"127.0.0.1:{http_port}/v1/metrics" in banner
+            for rank, protocol in enumerate(("grpc", "http")):
+                resource = Resource({"service.instance.id": f"job-7/rank-{rank}", "rl.rank": rank})
+                export_one(
+                    protocol, grpc_port, http_port, f"rl.cli.{protocol}", rank + 0.5, resource
+                )
+                out.wait_for(lambda line, p=protocol: f"rl.cli.{p}" in line)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(BOUND_S) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        out.rest()  # read both to the end: `seen` then holds every line
+        err.rest()
+        stdout, stderr = out.seen, err.seen
+    assert not any("receiving OTLP metrics" in line for line in stdout)
+    rows = [json.loads(line) for line in stdout]  # every stdout line is one JSON object
+    assert [(row["protocol"], row["name"], row["value"]) for row in rows] == [
+        ("grpc", "rl.cli.grpc", 0.5),
+        ("http", "rl.cli.http", 1.5),
+    ]
+    assert [row["resource"] for row in rows] == [
+        {"service.instance.id": "job-7/rank-0", "rl.rank": 0},
+        {"service.instance.id": "job-7/rank-1", "rl.rank": 1},
+    ]
+    assert rows[0]["kind"] == "gauge"
+    assert rows[0]["unit"] == "s"
+    assert rows[0]["attributes"] == {"proto": "grpc"}
+    assert rows[0]["scope"] == "cli-test"
+    assert rows[0]["time_unix_nano"] > 0
+    assert any("stopped; received 2 points in 1 gRPC and 1 HTTP" in line for line in stderr)
+    assert not any("Traceback" in line for line in stderr)
 
 
 @pytest.mark.slow

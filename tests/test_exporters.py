@@ -205,4 +205,3 @@ def test_a_rank_left_out_by_export_ranks_starts_nothing(sink, logs):
     assert async_tee.shutdown_telemetry(5)  # nothing was asked of it: nothing undelivered
     assert sink.requests == {"grpc": 0, "http": 0}
     assert not async_tee_warnings(logs)
-

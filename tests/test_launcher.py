@@ -42,7 +42,7 @@ def test_each_launcher_family_is_read(environ, expected):
     ]:
         assert attributes.get(attribute) == getattr(expected, field), attribute
     if expected.rank is not None:
-        assert attributes["service.instance.id"].endswith(f"/rank-{expected.rank}")
+        assert str(attributes["service.instance.id"]).endswith(f"/rank-{expected.rank}")
 
 
 def test_torchrun_inside_srun_is_torchruns_rank_never_a_mix():

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import json
+import math
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +45,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from async_tee.sink import OtlpSink, ReceivedPoint, black_hole
+from async_tee.sink import receiver as sink_receiver
 
 PROTOCOLS = ["grpc", "http"]
 # Generous upper bound for anything that is configured to give up after ~1 s.
@@ -401,9 +405,139 @@ def test_echo_renders_each_point_and_survives_a_failing_callback(
         finally:
             exporter.shutdown()
         assert len(sink.points()) == 3
+        instance = sink.points()[0].resource["service.instance.id"]  # the SDK's random id
     assert len(lines) == 3
-    assert all("\n" not in line and line.startswith("[grpc] ") for line in lines)
+    assert all("\n" not in line and line.startswith(f"[grpc {instance}] ") for line in lines)
     assert any("train.loss{" in line and "0.5" in line for line in lines)
+
+
+def sample_data(resource: Resource) -> MetricsData:
+    """What the real SDK collects from ``record_sample`` under ``resource``."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    try:
+        record_sample(provider)
+        data = reader.get_metrics_data()
+    finally:
+        provider.shutdown()
+    assert data is not None
+    return data
+
+
+def export_data(sink: OtlpSink, protocol: str, data: MetricsData, **kwargs: Any) -> None:
+    exporter = make_exporter(sink, protocol, timeout=5, **kwargs)
+    try:
+        assert exporter.export(data) is MetricExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_echo_names_the_sender_of_each_line(protocol: str) -> None:
+    # Resource(...) as given: Resource.create would add a random service.instance.id.
+    senders = {
+        "job-7/rank-0": Resource({"service.instance.id": "job-7/rank-0", "rl.rank": 0}),
+        "job-7/rank-1": Resource({"service.instance.id": "job-7/rank-1", "rl.rank": 1}),
+        "rank 3": Resource({"rl.rank": 3, "service.name": "trainer"}),
+        "trainer": Resource({"service.name": "trainer"}),
+    }
+    lines: list[str] = []
+    with OtlpSink(echo=lines.append) as sink:
+        for resource in senders.values():
+            export_data(sink, protocol, sample_data(resource))
+    assert len(lines) == 3 * len(senders)
+    for index, sender in enumerate(senders):
+        mine = lines[3 * index : 3 * index + 3]
+        assert all(line.startswith(f"[{protocol} {sender}] train.") for line in mine), mine
+    loss = f"[{protocol} job-7/rank-1] train.loss{{step=3,phase='train',ratio=0.25,final=False}}"
+    assert f"{loss} = 0.5 1 (gauge)" in lines
+    assert all("\n" not in line for line in lines)
+
+
+def test_echo_json_lines_are_strict_json_with_the_resource_and_value() -> None:
+    lines: list[str] = []
+    resource = Resource({"service.instance.id": "job-7/rank-3", "rl.rank": 3})
+    with OtlpSink(echo=lines.append, echo_format="json") as sink:
+        export_data(sink, "http", sample_data(resource))
+        nan = _gauge_request("raw", [(math.nan, {"blob": AnyValue(bytes_value=b"\x00\xff")})])
+        assert _post(sink, "/v1/metrics", nan)[0] == 200
+
+    def no_constants(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    rows = [json.loads(line, parse_constant=no_constants) for line in lines]
+    assert [row["name"] for row in rows] == ["train.loss", "train.steps", "train.step_time", "raw"]
+    base = {"protocol", "resource", "scope", "name", "kind", "unit", "attributes"}
+    loss, steps, step_time, raw = rows
+    assert set(loss) == set(steps) == set(raw) == base | {"value", "time_unix_nano"}
+    assert set(step_time) == base | {"count", "sum", "time_unix_nano"}
+    assert loss["resource"] == {"service.instance.id": "job-7/rank-3", "rl.rank": 3}
+    assert (loss["protocol"], loss["scope"], loss["kind"]) == ("http", "async_tee.test", "gauge")
+    assert loss["attributes"] == {"step": 3, "phase": "train", "ratio": 0.25, "final": False}
+    assert loss["value"] == 0.5
+    assert loss["time_unix_nano"] > 0
+    assert (steps["kind"], steps["value"]) == ("sum", 5)
+    assert (step_time["count"], step_time["sum"]) == (3, pytest.approx(2.55))
+    assert raw["value"] == "NaN"
+    assert raw["attributes"] == {"blob": "AP8="}  # base64, as OTLP/JSON writes bytes
+
+
+def test_as_dict_makes_every_value_json_safe() -> None:
+    point = ReceivedPoint(
+        protocol="grpc",
+        resource={"tags": ("a", b"\x01"), "nested": {"inf": math.inf}},
+        scope="s",
+        name="h",
+        unit="",
+        description="",
+        kind="histogram",
+        monotonic=None,
+        temporality="delta",
+        count=2,
+        sum=-math.inf,
+    )
+    assert point.as_dict()["resource"] == {"tags": ["a", "AQ=="], "nested": {"inf": "Infinity"}}
+    assert point.as_dict()["sum"] == "-Infinity"
+    json.dumps(point.as_dict(), allow_nan=False)
+    assert point.sender is None
+
+
+def test_echo_format_must_be_known() -> None:
+    with pytest.raises(ValueError, match="echo_format"):
+        OtlpSink(echo_format="xml")  # type: ignore[arg-type]
+
+
+def test_request_sizes_show_gzip_and_the_bytes_on_the_wire(
+    sink: OtlpSink, metrics_data: MetricsData
+) -> None:
+    export_data(sink, "http", metrics_data, compression=Compression.NoCompression)
+    export_data(sink, "http", metrics_data, compression=Compression.Gzip)
+    export_data(sink, "grpc", metrics_data)
+    (plain, gzipped, grpc_size) = sink.request_sizes()
+    assert plain[0] == "http"
+    assert plain[2] == "identity"
+    assert gzipped[0] == "http"
+    assert gzipped[2] == "gzip"
+    assert 0 < gzipped[1] < plain[1]
+    # the same data serialized: gRPC's message size is the uncompressed HTTP body's
+    assert grpc_size == ("grpc", plain[1], "identity")
+    sink.clear()
+    assert sink.request_sizes() == []
+
+
+def test_request_sizes_are_bounded_and_count_raw_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sink_receiver, "_MAX_REQUEST_SIZES", 2)
+    bodies = [_gauge_request("g" * n, [(1.0, {})]) for n in (1, 2, 3)]
+    with OtlpSink() as sink:
+        for body in bodies:
+            assert _post(sink, "/v1/metrics", body)[0] == 200
+        deflated = zlib.compress(bodies[0])
+        assert _post(sink, "/v1/metrics", deflated, {"Content-Encoding": "Deflate"})[0] == 200
+        assert sink.request_sizes() == [
+            ("http", len(bodies[2]), "identity"),
+            ("http", len(deflated), "deflate"),
+        ]
+        assert sink.requests["http"] == 4
 
 
 def test_lifecycle_and_endpoints() -> None:

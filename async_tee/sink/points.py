@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,9 @@ _TEMPORALITY = {
     AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA: "delta",
     AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE: "cumulative",
 }
+
+# Which resource attribute names the sender, in order of preference, and how it is shown.
+_SENDER_KEYS = (("service.instance.id", "{}"), ("rl.rank", "rank {}"), ("service.name", "{}"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,60 @@ class ReceivedPoint:
     bucket_counts: tuple[int, ...] = ()
     explicit_bounds: tuple[float, ...] = ()
     time_unix_nano: int = 0
+
+    @property
+    def sender(self) -> str | None:
+        """A compact name for the process that sent the point, from its resource.
+
+        The resource's ``service.instance.id`` when present (async_tee sets it to
+        ``<run id>/rank-<N>``, or ``<run id>/<host>/pid-<pid>``), else ``rank <rl.rank>``,
+        else ``service.name``; None when the resource has none of them.
+        """
+        for key, label in _SENDER_KEYS:
+            value = self.resource.get(key)
+            if value is not None and value != "":
+                return label.format(value)
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The point as a JSON-ready dict: one line of ``async-tee sink --json``.
+
+        Keys: ``protocol``, ``resource``, ``scope``, ``name``, ``kind``, ``unit``,
+        ``attributes``, then ``value`` for a number point or ``count`` and ``sum`` for a
+        distribution, and ``time_unix_nano``. Every value is safe for strict JSON
+        (``json.dumps(..., allow_nan=False)``): ``bytes`` become base64 strings (as in
+        OTLP/JSON), tuples become lists, and a non-finite float, which JSON cannot
+        represent, becomes the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``.
+        """
+        out: dict[str, Any] = {
+            "protocol": self.protocol,
+            "resource": _json_safe(self.resource),
+            "scope": self.scope,
+            "name": self.name,
+            "kind": self.kind,
+            "unit": self.unit,
+            "attributes": _json_safe(self.attributes),
+        }
+        if self.value_type == "histogram":
+            out["count"] = self.count
+            out["sum"] = _json_safe(self.sum)
+        else:
+            out["value"] = _json_safe(self.value)
+        out["time_unix_nano"] = self.time_unix_nano
+        return out
+
+
+def _json_safe(value: Any) -> Any:
+    """Return ``value`` with bytes, tuples and non-finite floats made JSON-safe (see as_dict)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    return value
 
 
 def _decode_any(value: AnyValue) -> Any:

@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import http.server
 import itertools
+import json
 import logging
 import socket
 import sys
@@ -21,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import grpc
@@ -45,6 +46,7 @@ _MAX_BODY_BYTES = 64 * 1024 * 1024
 _MAX_STALL_S = 600.0
 _HTTP_IDLE_TIMEOUT_S = 30.0
 _GRPC_WORKERS = 8
+_MAX_REQUEST_SIZES = 100_000  # request_sizes() keeps the newest this many
 _SINK_IDS = itertools.count(1)  # numbers each sink's thread names in this process
 
 
@@ -58,13 +60,29 @@ def _hashable(value: Any) -> Any:
 
 
 def _render(point: ReceivedPoint) -> str:
-    """Render a point as one human-readable line (used for ``echo``)."""
+    """Render a point as one human-readable line, its sender included (``echo_format="text"``).
+
+    E.g. ``[grpc job-7/rank-3] rl.reward.mean{} = 0.5 (gauge)``; a sender that would not
+    print on one line is shown as its ``repr``.
+    """
     attrs = ",".join(f"{key}={value!r}" for key, value in point.attributes.items())
-    head = f"[{point.protocol}] {point.name}{{{attrs}}}"
+    sender = point.sender
+    if sender is not None and not sender.isprintable():
+        sender = repr(sender)
+    origin = point.protocol if sender is None else f"{point.protocol} {sender}"
+    head = f"[{origin}] {point.name}{{{attrs}}}"
     unit = f" {point.unit}" if point.unit else ""
     if point.value_type == "histogram":
         return f"{head} {point.kind} count={point.count} sum={point.sum}{unit}"
     return f"{head} = {point.value!r}{unit} ({point.kind})"
+
+
+def _render_json(point: ReceivedPoint) -> str:
+    """Render a point as one line of strict JSON, :meth:`ReceivedPoint.as_dict` (``"json"``)."""
+    return json.dumps(point.as_dict(), allow_nan=False)
+
+
+_RENDERERS: dict[str, Callable[[ReceivedPoint], str]] = {"text": _render, "json": _render_json}
 
 
 def _url_host(host: str) -> str:
@@ -182,13 +200,14 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
         if content_type == "application/json":
             self._reply(415)
             return
-        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+        encoding = self.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+        wire_bytes = len(body)
         try:
             if encoding == "gzip":
                 body = gzip.decompress(body)
             elif encoding == "deflate":
                 body = zlib.decompress(body)
-            elif encoding not in ("", "identity"):
+            elif encoding != "identity":
                 self._reply(415)
                 return
             request = ExportMetricsServiceRequest.FromString(body)
@@ -196,7 +215,7 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
             _logger.debug("sink http: undecodable request body", exc_info=True)
             self._reply(400)
             return
-        status = self.server.sink._handle_export("http", request)
+        status = self.server.sink._handle_export("http", request, wire_bytes, encoding)
         if status is None:
             self._reply(200, ExportMetricsServiceResponse().SerializeToString())
         else:
@@ -212,8 +231,12 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def Export(
         self, request: ExportMetricsServiceRequest, context: Any
     ) -> ExportMetricsServiceResponse:
-        """Receive one OTLP/gRPC metrics export."""
-        status = self._sink._handle_export("grpc", request)
+        """Receive one OTLP/gRPC metrics export.
+
+        Its size is the serialized message's (``ByteSize()``): what gRPC handed over after
+        any decompression, so gRPC-level compression is not visible here.
+        """
+        status = self._sink._handle_export("grpc", request, request.ByteSize(), "identity")
         if status is not None:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"sink failing with HTTP status {status}")
         return ExportMetricsServiceResponse()
@@ -244,6 +267,7 @@ class OtlpSink:
         *,
         max_points: int = 200_000,
         echo: Callable[[str], None] | None = None,
+        echo_format: Literal["text", "json"] = "text",
     ) -> None:
         """Configure the sink; nothing is bound until :meth:`start`.
 
@@ -253,22 +277,29 @@ class OtlpSink:
             http_port: TCP port for OTLP/HTTP; 0 picks an ephemeral port.
             max_points: Maximum number of points kept; older points are dropped first.
             echo: Called with a one-line rendering of every received point, if given.
+            echo_format: ``"text"``: the line a person reads, sender first (``[grpc
+                job-7/rank-3] rl.reward.mean{} = 0.5 (gauge)``); ``"json"``: one JSON object
+                (:meth:`ReceivedPoint.as_dict`), a line of JSON Lines.
 
         Raises:
-            ValueError: If ``max_points`` is smaller than 1.
+            ValueError: If ``max_points`` is smaller than 1 or ``echo_format`` is unknown.
         """
         if max_points < 1:
             raise ValueError(f"max_points must be >= 1, got {max_points}")
+        if echo_format not in _RENDERERS:
+            raise ValueError(f"echo_format must be 'text' or 'json', got {echo_format!r}")
         self._host = host
         self._grpc_port_requested = grpc_port
         self._http_port_requested = http_port
         self._echo = echo
+        self._render = _RENDERERS[echo_format]
         self.thread_prefix = f"{_THREAD_PREFIX}-{next(_SINK_IDS)}"
 
         self._cond = threading.Condition(threading.RLock())
         self._points: deque[ReceivedPoint] = deque(maxlen=max_points)
         self._dropped = 0
         self._requests = {"grpc": 0, "http": 0}
+        self._sizes: deque[tuple[str, int, str]] = deque(maxlen=_MAX_REQUEST_SIZES)
         self._release = threading.Event()
         self._release.set()
         self._fail_status: int | None = None
@@ -466,14 +497,23 @@ class OtlpSink:
         with self._cond:
             self._fail_status = status
 
-    def _handle_export(self, protocol: str, request: ExportMetricsServiceRequest) -> int | None:
+    def _handle_export(
+        self, protocol: str, request: ExportMetricsServiceRequest, size: int, encoding: str
+    ) -> int | None:
         """Account for, possibly stall, and store one export request.
+
+        Args:
+            protocol: ``"grpc"`` or ``"http"``.
+            request: The decoded request.
+            size: Its size in bytes as received (see :meth:`request_sizes`).
+            encoding: The encoding of those bytes (``"identity"``, ``"gzip"``, ...).
 
         Returns:
             None on success, else the HTTP status to answer with.
         """
         with self._cond:
             self._requests[protocol] += 1
+            self._sizes.append((protocol, size, encoding))
             self._cond.notify_all()
         if not self._release.is_set():
             self._release.wait(_MAX_STALL_S)
@@ -496,7 +536,7 @@ class OtlpSink:
         if self._echo is not None:
             for point in received:
                 try:
-                    self._echo(_render(point))
+                    self._echo(self._render(point))
                 except Exception:
                     _logger.warning("OTLP sink: echo callback failed", exc_info=True)
         return None
@@ -514,6 +554,19 @@ class OtlpSink:
         """Export requests received per protocol, including stalled and failed ones."""
         with self._cond:
             return dict(self._requests)
+
+    def request_sizes(self) -> list[tuple[str, int, str]]:
+        """``(protocol, bytes, encoding)`` of each export request received, oldest first.
+
+        Every request counted in :attr:`requests` (stalled and failed ones too), the newest
+        100,000 kept. HTTP: the body's length as received, before decompression, and its
+        ``Content-Encoding`` (``"identity"`` when none). gRPC: the serialized message's size
+        (``ByteSize()``) and ``"identity"``: gRPC decompresses before the servicer sees the
+        message, so gRPC-level compression is not visible here. Neither counts headers or
+        framing.
+        """
+        with self._cond:
+            return list(self._sizes)
 
     def points(self) -> list[ReceivedPoint]:
         """Return a copy of the stored points, oldest first."""
@@ -558,9 +611,10 @@ class OtlpSink:
             return {point.name for point in self._points}
 
     def clear(self) -> None:
-        """Forget all stored points and reset the dropped-points and request counters."""
+        """Forget all stored points and request sizes; reset the dropped and request counters."""
         with self._cond:
             self._points.clear()
+            self._sizes.clear()
             self._dropped = 0
             self._requests = {"grpc": 0, "http": 0}
             self._cond.notify_all()
