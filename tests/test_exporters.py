@@ -205,3 +205,20 @@ def test_a_rank_left_out_by_export_ranks_starts_nothing(sink, logs):
     assert async_tee.shutdown_telemetry(5)  # nothing was asked of it: nothing undelivered
     assert sink.requests == {"grpc": 0, "http": 0}
     assert not async_tee_warnings(logs)
+
+
+def test_compression_given_in_environ_reaches_the_wire(sink):
+    # environ=, not os.environ: the exporter would read only the latter by itself.
+    for compression in ("gzip", "none"):
+        async_tee.start_telemetry(
+            environ={
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
+                "OTEL_EXPORTER_OTLP_COMPRESSION": compression,
+            }
+        )
+        tee_the_fixture()
+        assert async_tee.shutdown_telemetry(10)
+        encodings = {encoding for _, _, encoding in sink.request_sizes()}
+        assert encodings == {"gzip" if compression == "gzip" else "identity"}
+        sink.clear()
