@@ -1,9 +1,10 @@
-"""Owns the ``async-tee`` command line: ``sink``, ``demo`` and ``catalog``.
+"""Owns the ``async-tee`` command line: ``sink``, ``demo``, ``catalog`` and ``dashboard``.
 
 ``async-tee sink`` runs an OTLP metrics receiver in the foreground and prints every point
 it receives; ``async-tee demo`` runs a simulated GRPO training run through ``Logger`` and
 reports what arrived and what it cost; ``async-tee catalog`` lists every series async_tee
-would export, with its Prometheus name. ``python -m async_tee`` is the same command.
+would export, with its Prometheus name; ``async-tee dashboard`` writes a Grafana dashboard
+for them. ``python -m async_tee`` is the same command.
 """
 
 from __future__ import annotations
@@ -106,6 +107,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     catalog.add_argument("--json", action="store_true", help="print JSON instead of a table")
     catalog.set_defaults(handler=_run_catalog)
+
+    dashboard = commands.add_parser(
+        "dashboard",
+        help="write a Grafana dashboard (JSON) with a panel for every series",
+        description="Generate a Grafana dashboard from the series catalog: one panel per "
+        "series, queried on Prometheus with job, instance and rank variables. Needs "
+        "pip install 'async_tee[dashboard]' (Python >= 3.11).",
+    )
+    dashboard.add_argument(
+        "--datasource",
+        default="prometheus",
+        help="the Prometheus data source's name or uid (default: %(default)s)",
+    )
+    dashboard.add_argument("--output", metavar="PATH", help="write here instead of stdout")
+    dashboard.set_defaults(handler=_run_dashboard)
     return parser
 
 
@@ -113,6 +129,24 @@ def _run_catalog(args: argparse.Namespace) -> int:
     from async_tee.catalog import render_catalog, series_catalog
 
     print(render_catalog(series_catalog(), as_json=args.json))
+    return 0
+
+
+def _run_dashboard(args: argparse.Namespace) -> int:
+    from async_tee.dashboard import panel_queries, render_dashboard
+
+    try:
+        text = render_dashboard(args.datasource)
+    except ImportError as exc:
+        print(f"async-tee dashboard: {exc}", file=sys.stderr)
+        return 1
+    if args.output is None:
+        print(text)
+        return 0
+    with open(args.output, "w", encoding="utf-8") as out:
+        out.write(text + "\n")
+    panels = len(panel_queries(json.loads(text)))  # one query per panel
+    print(f"async-tee dashboard: wrote {panels} panels to {args.output}")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Its rank comes from the launcher's variables its parent set, read the way async_tee reads
 them. It tees the fixture's calls with values of its own (``reward = rank + 0.25``,
-``1000 x (rank + 1)`` prompt tokens a step), a step every ``--step-seconds``, until a
+``1000 x (rank + 1)`` prompt tokens a step, a critic loss as PPO logs one, and a NaN
+``grad_norm`` at step 2), a step every ``--step-seconds``, until a
 line ``stop`` arrives on stdin (or, with ``--steps``, that many steps are done). Then it
 flushes and prints one JSON line: its rank, the steps it logged, what async_tee reports
 (``stats()``, the Prometheus address) and the names of async_tee's threads. It keeps
@@ -59,6 +60,9 @@ def main() -> None:
             if call["prefix"] == "train":
                 metrics["reward"] = rank + 0.25
                 metrics["vllm/prompt_tokens"] = 1000 * (rank + 1)
+                metrics["critic/loss"] = 0.5 + rank  # as PPO logs it, so every row has data
+                if steps == 2:
+                    metrics["grad_norm"] = float("nan")  # a diverged value, counted once
             async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps)
         pause.wait(args.step_seconds)
     flushed = async_tee.flush(10)
