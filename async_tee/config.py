@@ -245,15 +245,21 @@ def _signals(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _protocol(environ: Mapping[str, str]) -> str:
-    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
+def _choice(environ: Mapping[str, str], names: tuple[str, str], allowed: tuple[str, ...]) -> str:
+    """The first of ``names`` set, lowercased, if ``allowed``; else ``allowed[0]``."""
+    found = _first(environ, *names)
     if found is None:
-        return "grpc"
+        return allowed[0]
     name, raw = found
-    if raw.lower() not in PROTOCOLS:
-        _warn_malformed(name, raw, "grpc")
-        return "grpc"
+    if raw.lower() not in allowed:
+        _warn_malformed(name, raw, allowed[0])
+        return allowed[0]
     return raw.lower()
+
+
+def _protocol(environ: Mapping[str, str]) -> str:
+    names = (OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
+    return _choice(environ, names, PROTOCOLS)
 
 
 def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
@@ -310,14 +316,8 @@ def _timeout(environ: Mapping[str, str]) -> float:
 
 
 def _compression(environ: Mapping[str, str]) -> str:
-    found = _first(environ, OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, OTEL_EXPORTER_OTLP_COMPRESSION)
-    if found is None:
-        return "none"
-    name, raw = found
-    if raw.lower() not in COMPRESSIONS:
-        _warn_malformed(name, raw, "none")
-        return "none"
-    return raw.lower()
+    names = (OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, OTEL_EXPORTER_OTLP_COMPRESSION)
+    return _choice(environ, names, COMPRESSIONS)
 
 
 def _insecure(environ: Mapping[str, str]) -> bool | None:

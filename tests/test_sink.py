@@ -75,17 +75,7 @@ def record_sample(provider: MeterProvider) -> None:
 @pytest.fixture
 def metrics_data() -> MetricsData:
     """MetricsData produced by the real SDK, for calling exporter.export() directly."""
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(
-        metric_readers=[reader], resource=Resource.create({"service.name": "t"})
-    )
-    try:
-        record_sample(provider)
-        data = reader.get_metrics_data()
-    finally:
-        provider.shutdown()
-    assert data is not None
-    return data
+    return sample_data(Resource.create({"service.name": "t"}))
 
 
 def by_name(sink: OtlpSink) -> dict[str, ReceivedPoint]:
