@@ -56,17 +56,24 @@ as in the caller table):
   (a user logs every scalar); a fresh writer per block, closed after the block;
 - ``mlflow``: ``mlflow.log_metrics(numeric, step=i, synchronous=False)`` into a local file
   store in a temp dir (``file://``; MLflow 3 needs ``MLFLOW_ALLOW_FILE_STORE=true`` for it);
-  a fresh run per block, ended after the block.
+  a fresh run per block, ended after the block;
+- ``wandb``: ``run.log(d, step=i)`` on a W&B run in offline mode (``WANDB_MODE=offline``,
+  ``WANDB_SILENT=true``, ``WANDB_DIR`` and its config, cache and data dirs in a temp dir:
+  nothing leaves the machine), the whole dict (W&B takes lists and nested dicts), as a
+  trainer's ``wandb.log(metrics, step=step)``; a fresh run per block, ``run.finish()``
+  after it, then ``wandb.teardown()`` (untimed) stops the ``wandb-core`` service process
+  that ``wandb.init`` starts, so it does not run beside the other rows.
 
 MLflow rejects lists and dicts and tensorboardX and statsd take only scalars, so those
 three keep the 64 numeric keys (``int``/``float``, not ``bool``) **inside** the timed call,
 as a user would have to. tensorboardX, statsd and MLflow are much slower than the others,
-so they get 2 %, 10 % and 1 % of the calls (``--calls`` 100,000: 2,000, 10,000 and 1,000).
-What happens after a block is timed too and reported as ``drain_s`` (closing the writer,
-ending the MLflow run: both wait for their background threads to write what the caller
-queued). Nothing is tuned for any variant. A row whose package is missing is skipped
-with the reason printed; ``pip install '.[bench-full]'`` installs them all, and they are
-imported before the first round, so every round runs with the same modules loaded.
+so they get 2 %, 10 % and 1 % of the calls (``--calls`` 100,000: 2,000, 10,000 and 1,000),
+W&B 2 % (2,000). What happens after a block is timed too and reported as ``drain_s``
+(closing the writer, ending the MLflow or W&B run: they wait for their background threads,
+or W&B's service process, to write what the caller queued). Nothing is tuned for any
+variant. A row whose package is missing is skipped with the reason printed;
+``pip install '.[bench-full]'`` installs them all, and they are imported before the first
+round, so every round runs with the same modules loaded.
 
 Sizes: ``--calls`` (100,000 by default) per back-to-back row, ``--calls // 5`` per
 trainer-pace row (20,000, i.e. 40 s each); pipeline rows run longer when a block needs it
@@ -128,6 +135,7 @@ from _common import (
     load_train_dict,
     machine_info,
     md_table,
+    package_versions,
     parse_bench_args,
     publish,
     quiet_logging,
@@ -362,6 +370,39 @@ def mlflow_run(env: Env) -> Iterator[Target]:
                 mlflow.end_run()
 
 
+WANDB_ENVIRON = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def quiet_wandb() -> None:
+    """W&B offline and silent: no network, no login prompt, nothing on stdout."""
+    os.environ.update(WANDB_ENVIRON)
+
+
+@contextlib.contextmanager
+def wandb_run(env: Env) -> Iterator[Target]:
+    # wandb is typed, but only the bench-full extra installs it (CI has the bench one).
+    import wandb  # type: ignore[import-not-found, unused-ignore]
+
+    with tempfile.TemporaryDirectory(prefix="bench-wandb-") as root:
+        dirs = ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")
+        os.environ.update({**WANDB_ENVIRON, **dict.fromkeys(dirs, root)})
+        run = wandb.init(project="async-tee-bench", dir=root, mode="offline")
+        run_log = run.log
+
+        def log(d: dict[str, Any], step: int) -> None:
+            run_log(d, step=step)
+
+        target = Target(log)
+        try:
+            yield target
+        finally:
+            try:
+                with timed_teardown(target):
+                    run.finish()
+            finally:
+                wandb.teardown()  # stop the wandb-core service before the next row
+
+
 # ------------------------------------------------------------------ rows
 
 CALLER_ROWS: tuple[Condition, ...] = (
@@ -428,6 +469,16 @@ ALTERNATIVES: tuple[Condition, ...] = (
         calls_share=0.01,
         requires="mlflow",
         note="file store",
+    ),
+    Condition(
+        "wandb",
+        "W&B: run.log (offline mode)",
+        wandb_run,
+        "with_step",
+        kind="baseline",
+        calls_share=0.02,
+        requires="wandb",
+        note="whole dict; wandb-core process",
     ),
 )
 ROWS = (*CALLER_ROWS, *ALTERNATIVES)
@@ -584,8 +635,9 @@ def baselines_section(baselines: dict[str, Any]) -> list[str]:
         "68-key dict and timer. Times in µs per dict; `x floor` and `x inline` use the "
         "median of block p50s and this run's floor and inline rows. MLflow, tensorboardX "
         "and statsd filter the 64 numeric keys inside the timed call and get fewer calls "
-        "(`n`). `drain s/block`: the teardown after a block (ending the MLflow run, "
-        "closing the writer) waiting for what the caller queued.",
+        "(`n`); W&B logs the whole dict (offline mode, its `wandb-core` service process "
+        "beside). `drain s/block`: the teardown after a block (ending the MLflow or W&B "
+        "run, closing the writer) waiting for what the caller queued.",
         "",
         *md_table(BASELINES_HEADER, baselines_rows(baselines["variants"])),
     ]
@@ -695,6 +747,7 @@ def reports(
             "warmup_calls": WARMUP_CALLS,
             "min_block_s_with_pipeline": plan.min_block_s,
             "numeric_keys": len(numeric(env.d)),
+            "versions": package_versions(("wandb",)),  # the others are in machine info
             "dict_keys": len(env.d),
         },
         "variants": variants,
@@ -712,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(args)
     quiet_logging()
     quiet_mlflow()
+    quiet_wandb()
     started = time.perf_counter()
     rows = runnable(ROWS)
     preload(rows)

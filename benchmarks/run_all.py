@@ -12,15 +12,17 @@ against the tee: two tables from one run, the ``caller`` and ``baselines`` parts
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
 against periodic export), ``bench_memory.py`` (RSS through 10^6 calls against a
 stalled receiver), ``bench_sizes.py`` (caller latency and queue memory of the tee's key
-filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys) and
+filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys),
 ``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
-and without gzip, and what 1,000 ranks send). Their JSON
+and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps the
+telemetry threads make in a pure-Python training thread through the GIL, off against
+on, at 1, 10 and 100 teed steps a second). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
 the issue's targets with whether each holds) and ``latency.png`` (``plot.py``).
 
-Full: about 10 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+Full: about 13 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
@@ -42,6 +44,7 @@ import bench_memory
 import bench_overhead
 import bench_ranks
 import bench_sizes
+import bench_stolen
 from _common import HERE, RESULTS, fmt_opt, machine_info, machine_line, md_table, progress
 
 Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
@@ -54,6 +57,7 @@ SECTIONS: dict[str, Section] = {
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
     "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
+    "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
 }
 PARTS = tuple(SECTIONS)
 # The scripts, and the parts each one's report holds: bench_latency.py measures both
@@ -66,6 +70,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "memory": ("memory",),
     "sizes": ("sizes",),
     "ranks": ("ranks",),
+    "stolen": ("stolen",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 
@@ -214,6 +219,20 @@ def sizes_targets(sizes: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def stolen_targets(stolen: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Issue 12's targets (time lost, attributable gaps, 1 step/s, thread CPU) per cell."""
+    by_target: dict[str, dict[str, list[str]]] = {}
+    for check in stolen.get("targets", []):
+        verdicts = by_target.setdefault(check["target"], {"holds": [], "missed": []})
+        verdicts["holds" if check["holds"] else "missed"].append(
+            f"{check['condition']}: {check['text']}"
+        )
+    return [
+        (target, "; ".join(v["holds"]) or "-", "; ".join(v["missed"]) or "-")
+        for target, v in by_target.items()
+    ]
+
+
 def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Every target of the issue as (target, where it holds, where it misses)."""
     return (
@@ -222,6 +241,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         + export_targets(report.get("export", {}))
         + memory_targets(report.get("memory", {}))
         + sizes_targets(report.get("sizes", {}))
+        + stolen_targets(report.get("stolen", {}))
     )
 
 
