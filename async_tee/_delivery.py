@@ -20,11 +20,13 @@ class ExportCounts:
 
     def __init__(self) -> None:
         self.by_trigger: dict[str, dict[str, int]] = {}
+        self.collections = 0  # collections started by async_tee's readers: a new one each
         self.reset()
 
     def reset(self) -> None:
         """Zero every count (a new session, or a child after fork)."""
         self.by_trigger = {trigger: {"success": 0, "failure": 0} for trigger in TRIGGERS}
+        self.collections = 0
 
     def add(self, trigger: str, ok: bool) -> None:
         """Count one export attempt."""

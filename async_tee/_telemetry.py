@@ -203,14 +203,14 @@ def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
     pipeline = _LAST
     try:
         if pipeline is not None:
-            return pipeline.stats(lag_percentiles)
+            return pipeline.stats(lag_percentiles) if lag_percentiles else pipeline.export_stats()
     except Exception:  # noqa: BLE001 - observability must not break the observed
         warn_once("stats", "async_tee: computing stats failed")
     return Pipeline(Settings()).stats()  # no session yet: every figure is zero
 
 
 def _export_stats() -> dict[str, Any]:
-    """What the ``async_tee.*`` callbacks read, once each per export: no lag sort."""
+    """What the ``async_tee.*`` callbacks read: one snapshot per collection, no lag sort."""
     return _guarded_stats(lag_percentiles=False)
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee._declarations import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
+from async_tee._gil import budget
 from async_tee._prometheus_names import check_prometheus_names
 from async_tee._reporting import warn_once
 from async_tee.vocabulary import as_scalar
@@ -194,6 +195,7 @@ class _LastValue(_Series):
         self.points.pop(attributes.key, None)
 
     def observe(self, _options: CallbackOptions) -> list[Observation]:
+        budget().spend()  # a collection is a run of callbacks: slice it between them
         # dict.copy() is atomic under the GIL: the exporter's thread reads a consistent
         # snapshot while the worker keeps writing.
         return [
@@ -382,6 +384,7 @@ class InstrumentRegistry:
         assert callback is not None
 
         def observe(options: CallbackOptions) -> Iterable[Observation]:
+            budget().spend()
             try:
                 return list(callback(options))
             except BaseException:  # the owner's callback must not break an export

@@ -1,0 +1,108 @@
+"""async_tee's threads hand the GIL back between slices of work; a collection reads stats() once.
+
+What the training thread gains is measured in ``benchmarks/bench_stolen.py``; these tests
+check the mechanism with the real worker, SDK and receiver: a drain of many dicts and a
+collection of many series are cut into slices, each followed by a hand-over, and the
+self-series callbacks of one collection share one ``stats()`` without reading a stale one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from helpers import load_calls
+
+import async_tee
+from async_tee._gil import GilBudget, budget
+from async_tee._pipeline import Pipeline
+
+
+def test_a_slice_ends_in_a_handover_once_it_has_run_its_length():
+    gil = GilBudget(slice_s=0.002, handover_s=0.0)
+    gil.start()
+    gil.spend()
+    assert gil.handovers == 0  # a fresh slice: no hand-over yet
+    deadline = time.perf_counter() + 0.003
+    while time.perf_counter() < deadline:
+        pass
+    gil.spend()
+    assert gil.handovers == 1
+    gil.spend()
+    assert gil.handovers == 1  # the hand-over started a new slice
+
+
+def test_each_thread_has_its_own_slice():
+    gil = GilBudget(slice_s=0.002, handover_s=0.0)
+    gil.start()
+    deadline = time.perf_counter() + 0.003
+    while time.perf_counter() < deadline:
+        pass
+    other = threading.Thread(target=lambda: (gil.start(), gil.spend()))
+    other.start()
+    other.join()
+    assert gil.handovers == 0  # the other thread's slice had just begun
+    gil.spend()
+    assert gil.handovers == 1  # this one's had run out
+
+
+def _tee_steps(steps: int) -> int:
+    """Tee the fixture's teed step dicts ``steps`` times; how many dicts that was."""
+    calls = [c for c in load_calls() if c["prefix"] in ("train", "")]
+    for step in range(1, steps + 1):
+        for call in calls:
+            async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
+    return steps * len(calls)
+
+
+def test_a_large_drain_is_cut_into_slices_with_handovers(sink):
+    # The worker sleeps while hundreds of dicts queue up, then records them in one drain: at
+    # tens of µs a dict that is several ms of work, which must not be one hold of the GIL.
+    async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "ASYNC_TEE_DRAIN_INTERVAL": "60",
+            "ASYNC_TEE_STEP_EXPORT": "0",
+        }
+    )
+    before = budget().handovers
+    teed = _tee_steps(200)
+    assert async_tee.flush(30)
+    assert async_tee.stats()["recorded"] == teed
+    assert budget().handovers - before >= 2
+    assert async_tee.shutdown_telemetry(10)
+
+
+@pytest.fixture
+def stats_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every Pipeline.stats call, as its lag_percentiles argument."""
+    calls: list[bool] = []
+    original = Pipeline.stats
+
+    def counted(self: Pipeline, lag_percentiles: bool = True) -> dict:
+        calls.append(lag_percentiles)
+        return original(self, lag_percentiles)
+
+    monkeypatch.setattr(Pipeline, "stats", counted)
+    return calls
+
+
+def test_one_collection_reads_stats_once_and_the_next_reads_it_afresh(sink, stats_calls):
+    session = async_tee.start_telemetry(
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, "ASYNC_TEE_STEP_EXPORT": "0"}
+    )
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
+    assert async_tee.flush(10)
+    provider = session.meter_provider
+    assert provider is not None
+    stats_calls.clear()
+    assert provider.force_flush(10_000)  # type: ignore[attr-defined]
+    assert stats_calls == [False]  # a dozen self-series, one snapshot
+    # Right after (well within the snapshot's lifetime), a new collection reads anew.
+    async_tee.tee_rl_metrics_to_otel({"reward": 2.0}, "train", 1)
+    assert async_tee.flush(10)
+    assert provider.force_flush(10_000)  # type: ignore[attr-defined]
+    enqueued = [p.value for p in sink.points() if p.name == "async_tee.enqueued"]
+    assert enqueued[-2:] == [1, 2]
+    assert async_tee.shutdown_telemetry(10)
