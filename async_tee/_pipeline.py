@@ -125,6 +125,7 @@ class Pipeline:
             self.on_lag,
             self.after_drain,
             self.on_worker_death,
+            trickle_interval_s=self._trickle_interval(),
         )
         queue.on_high_water = worker.wake
         if not worker.start():
@@ -135,6 +136,17 @@ class Pipeline:
         assert self.recorder is not None  # built before the worker
         _caller.attach(queue, self.recorder.read_keys)
         return True
+
+    def _trickle_interval(self) -> float:
+        """The worker's longest sleep while dicts arrive: steps may be exported this far apart.
+
+        Draining less often than that would put several exportable steps in one drain,
+        and all but the last two would be folded (one export in flight, one waiting).
+        """
+        reader = self._built.step_reader if self._built is not None else None
+        if reader is None:
+            return math.inf  # nothing exports per step: the worker's idle interval bounds it
+        return self.settings.min_export_interval_s
 
     def detach(self) -> None:
         """Turn the tee off for this session (it stops enqueuing at once)."""
