@@ -106,3 +106,14 @@ def test_one_collection_reads_stats_once_and_the_next_reads_it_afresh(sink, stat
     enqueued = [p.value for p in sink.points() if p.name == "async_tee.enqueued"]
     assert enqueued[-2:] == [1, 2]
     assert async_tee.shutdown_telemetry(10)
+
+
+def test_the_lag_histogram_gets_one_observation_a_batch_and_stats_every_dict(provider, reader):
+    from helpers import collect
+
+    async_tee.start_telemetry(provider, drain_interval_s=60)
+    teed = _tee_steps(30)  # queued while the worker sleeps: one batch (< 256)
+    assert async_tee.flush(10)
+    lag = collect(reader, prefix="async_tee.lag")[("async_tee.lag", frozenset())]
+    assert lag.count == 1
+    assert async_tee.stats()["lag_ms"]["samples"] == teed
