@@ -1,4 +1,4 @@
-"""async_tee's threads hand the GIL back between slices of work; a collection reads stats() once.
+"""The worker's share of the GIL: slices with hand-overs, one stats() a collection, fewer wakes.
 
 What the training thread gains is measured in ``benchmarks/bench_stolen.py``; these tests
 check the mechanism with the real worker, SDK and receiver: a drain of many dicts and a
@@ -117,3 +117,44 @@ def test_the_lag_histogram_gets_one_observation_a_batch_and_stats_every_dict(pro
     lag = collect(reader, prefix="async_tee.lag")[("async_tee.lag", frozenset())]
     assert lag.count == 1
     assert async_tee.stats()["lag_ms"]["samples"] == teed
+
+
+class CountingReader:
+    """Stands in for the exporting reader beside the step clock: counts what it is asked."""
+
+    min_interval_s = 1.0
+
+    def __init__(self) -> None:
+        self.collections = 0
+
+    def collect_step(self) -> bool:
+        self.collections += 1
+        return True
+
+
+def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
+    from async_tee._steps import StepClock
+
+    reader = CountingReader()
+    clock = StepClock(lambda step, at: None, reader)  # type: ignore[arg-type]
+    now = time.monotonic_ns()
+    clock.before(1.0, now - 200_000_000)  # step 1 finished 0.2 s ago: settled
+    clock.finished(1.0)
+    assert clock.tick() is None
+    assert reader.collections == 1  # exported at once
+    clock.before(2.0, time.monotonic_ns())  # step 2 finishes now
+    clock.finished(2.0)
+    due = clock.tick()
+    # It settles in 0.1 s but may be exported only 1 s after step 1: no wake before that.
+    assert due is not None
+    assert due > 0.5
+    assert reader.collections == 1
+
+
+def test_with_no_reader_to_drive_settling_asks_for_no_wake():
+    from async_tee._steps import StepClock
+
+    clock = StepClock(lambda step, at: None)
+    clock.before(1.0, time.monotonic_ns())
+    clock.finished(1.0)
+    assert clock.tick() is None
