@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from helpers import load_calls
@@ -39,7 +40,12 @@ def test_each_thread_has_its_own_slice():
     deadline = time.perf_counter() + 0.003
     while time.perf_counter() < deadline:
         pass
-    other = threading.Thread(target=lambda: (gil.start(), gil.spend()))
+
+    def begin_and_spend() -> None:
+        gil.start()
+        gil.spend()
+
+    other = threading.Thread(target=begin_and_spend)
     other.start()
     other.join()
     assert gil.handovers == 0  # the other thread's slice had just begun
@@ -80,7 +86,7 @@ def stats_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     calls: list[bool] = []
     original = Pipeline.stats
 
-    def counted(self: Pipeline, lag_percentiles: bool = True) -> dict:
+    def counted(self: Pipeline, lag_percentiles: bool = True) -> dict[str, Any]:
         calls.append(lag_percentiles)
         return original(self, lag_percentiles)
 
