@@ -26,7 +26,8 @@ ASYNC_TEE_QUEUE_SIZE = "ASYNC_TEE_QUEUE_SIZE"
 """int items, default 1024: the hand-off queue's bound; the oldest dict goes past it."""
 
 ASYNC_TEE_DRAIN_INTERVAL = "ASYNC_TEE_DRAIN_INTERVAL"
-"""float seconds, default 0.05: how often the worker wakes on its own to drain the queue."""
+"""float seconds, default 0.05: the shortest the worker sleeps between drains (while dicts
+arrive it sleeps until ~32 are due, up to the least time between step exports)."""
 
 ASYNC_TEE_SHUTDOWN_TIMEOUT = "ASYNC_TEE_SHUTDOWN_TIMEOUT"
 """float seconds, default 5.0: the one deadline for draining and shutting down at exit."""
