@@ -1,13 +1,15 @@
 """The background thread: an asyncio loop that drains the hand-off queue on its own timer.
 
 The producer never wakes the worker in steady state (a cross-thread wake-up is a syscall
-and hands the GIL to the woken thread inside the producer's call): the worker wakes every
-``drain_interval_s`` by itself, and is woken early only when a burst crosses the queue's
-high-water mark, or by ``flush``/``stop`` from their own threads. Each popped item is
-handed to ``process``; a failure there is counted and never stops the loop. After each
-drain ``after_drain`` runs (the step clock: it may collect a completed step, ~1-3 ms of
-CPU, and asks for the next wake it needs). The loop never runs blocking work: sending
-stays on the exporting thread, and the default executor is never used.
+and hands the GIL to the woken thread inside the producer's call): the worker wakes by
+itself, on a timer that follows the rate dicts arrive at (``_next_sleep``: from
+``drain_interval_s`` up to the trickle interval), and is woken early only when a burst
+crosses the queue's high-water mark, or by ``flush``/``stop`` from their own threads. Each
+popped item is handed to ``process``; a failure there is counted and never stops the loop,
+and every ~0.4 ms of it the GIL is handed back to training (``_gil``). After each drain
+``after_drain`` runs (the step clock: it may collect a completed step, ~1-2 ms of CPU, and
+asks for the next wake it needs). The loop never runs blocking work: sending stays on the
+exporting thread, and the default executor is never used.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class Worker:
         Args:
             queue: The hand-off queue this worker alone consumes.
             process: Called on the worker thread with each item, oldest first.
-            drain_interval_s: How often the worker wakes by itself.
+            drain_interval_s: The shortest the worker sleeps between drains.
             on_lag: Called once a batch with its oldest item's enqueue-to-record lag, in ms
                 (``lags_ms`` and ``max_lag_ms`` keep every item's).
             after_drain: Called on the worker thread after each drain; returns the seconds
