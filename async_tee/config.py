@@ -246,7 +246,7 @@ def _signals(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _choice(environ: Mapping[str, str], names: tuple[str, str], allowed: tuple[str, ...]) -> str:
+def _choice(environ: Mapping[str, str], names: tuple[str, ...], allowed: tuple[str, ...]) -> str:
     """The first of ``names`` set, lowercased, if ``allowed``; else ``allowed[0]``."""
     found = _first(environ, *names)
     if found is None:
@@ -369,8 +369,9 @@ def run_id(environ: Mapping[str, str]) -> str:
 
 
 def _resource_attributes(
-    environ: Mapping[str, str], ranks: bool
+    environ: Mapping[str, str], launched: LauncherRanks | None
 ) -> tuple[tuple[str, str | int], ...]:
+    """The resource: ``OTEL_*``'s attributes, the launcher's ranks (None: left out), the ids."""
     attributes: dict[str, str | int] = {}
     raw = environ.get(OTEL_RESOURCE_ATTRIBUTES, "")
     for part in raw.split(","):
@@ -384,8 +385,7 @@ def _resource_attributes(
     service = _first(environ, OTEL_SERVICE_NAME)
     if service is not None:
         attributes["service.name"] = service[1]
-    if ranks:
-        launched = launcher_ranks(environ)
+    if launched is not None:
         for field, attribute in _RANK_ATTRIBUTES:
             value = getattr(launched, field)
             if value is not None and attribute not in attributes:
@@ -404,14 +404,7 @@ def _resource_attributes(
 
 
 def _export_ranks(environ: Mapping[str, str]) -> str:
-    raw = environ.get(ASYNC_TEE_EXPORT_RANKS)
-    if raw is None or not raw.strip():
-        return "all"
-    value = raw.strip().lower()
-    if value not in EXPORT_RANKS:
-        _warn_malformed(ASYNC_TEE_EXPORT_RANKS, raw, "all")
-        return "all"
-    return value
+    return _choice(environ, (ASYNC_TEE_EXPORT_RANKS,), EXPORT_RANKS)
 
 
 def _prometheus_ports(environ: Mapping[str, str], ranks: LauncherRanks) -> tuple[int, int | None]:
@@ -473,7 +466,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         prometheus_host=(_first(env, OTEL_EXPORTER_PROMETHEUS_HOST) or ("", "127.0.0.1"))[1],
         prometheus_port=prometheus_port,
         prometheus_base_port=prometheus_base_port,
-        resource_attributes=_resource_attributes(env, _bool(env, ASYNC_TEE_RANK_ATTRIBUTES, True)),
+        resource_attributes=_resource_attributes(
+            env, ranks if _bool(env, ASYNC_TEE_RANK_ATTRIBUTES, True) else None
+        ),
         ranks=ranks,
         export_ranks=_export_ranks(env),
     )
