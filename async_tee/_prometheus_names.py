@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "check_prometheus_names",
+    "prometheus_label",
     "prometheus_name",
     "prometheus_sample_names",
     "prometheus_type",
@@ -30,6 +31,7 @@ __all__ = [
 
 # opentelemetry-exporter-prometheus, _mapping.py: one "_" per run of invalid characters.
 _INVALID_RUN = re.compile(r"[^a-zA-Z0-9:]+")
+_INVALID_LABEL_RUN = re.compile(r"[^a-zA-Z0-9]+")  # label names allow no ":"
 # UCUM annotations; greedy, like the exporter's.
 _ANNOTATION = re.compile(r"{.*}")
 _UNITS = {
@@ -84,6 +86,18 @@ _TOTAL = "_total"
 
 def _sanitize(text: str) -> str:
     return _INVALID_RUN.sub("_", text)
+
+
+def prometheus_label(attribute: str) -> str:
+    """The label an attribute key becomes (the exporter's ``sanitize_attribute``).
+
+    Labels allow no ``:``, so every run of characters outside ``[a-zA-Z0-9]`` becomes one
+    ``_``; a leading digit becomes ``_`` too: ``rl.efficiency.category`` ->
+    ``rl_efficiency_category``.
+    """
+    if attribute[:1].isdigit():
+        attribute = "_" + attribute[1:]
+    return _INVALID_LABEL_RUN.sub("_", attribute)
 
 
 def prometheus_type(kind: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from async_tee import _series
-from async_tee._prometheus_names import prometheus_type
+from async_tee._prometheus_names import prometheus_label, prometheus_type
 from async_tee.catalog import CatalogEntry, series_catalog
 
 __all__ = [
@@ -71,15 +71,8 @@ def _by_rank(expr: str) -> str:
     return f'{expr} * on (job, instance) group_left (rl_rank) target_info{{rl_rank=~"$rank"}}'
 
 
-def _label(attribute: str) -> str:
-    """The Prometheus label an attribute key becomes (the exporter's ``sanitize_attribute``)."""
-    if attribute[:1].isdigit():
-        attribute = "_" + attribute[1:]
-    return re.sub(r"[^a-zA-Z0-9]+", "_", attribute)
-
-
 def _legend(entry: CatalogEntry, prefix: str = "") -> str:
-    labels = "".join(f" {{{{{_label(a)}}}}}" for a in entry.attributes)
+    labels = "".join(f" {{{{{prometheus_label(a)}}}}}" for a in entry.attributes)
     return f"{prefix}{_RANK_LEGEND}{labels}"
 
 
@@ -113,7 +106,7 @@ def _rate(entry: CatalogEntry, function: str = "rate") -> _PanelSpec:
 
 
 def _p99(entry: CatalogEntry) -> _PanelSpec:
-    by = ", ".join(["le", "job", "instance", *map(_label, entry.attributes)])
+    by = ", ".join(["le", "job", "instance", *map(prometheus_label, entry.attributes)])
     buckets = f"rate({entry.prometheus_name}_bucket{_SELECTOR}{_RATE})"
     expr = _by_rank(f"histogram_quantile(0.99, sum by ({by}) ({buckets}))")
     legend = _legend(entry, "p99 ")
@@ -139,7 +132,10 @@ def _vllm(entry: CatalogEntry) -> list[_PanelSpec]:
 def _efficiency(entry: CatalogEntry) -> list[_PanelSpec]:
     if entry.name != _series.RL_EFFICIENCY_SECONDS_METRIC:
         return _generic(entry)
-    category, bucket = _label(_series.RL_EFFICIENCY_CATEGORY_ATTR), _label(_series.RL_BUCKET_ATTR)
+    category, bucket = (
+        prometheus_label(_series.RL_EFFICIENCY_CATEGORY_ATTR),
+        prometheus_label(_series.RL_BUCKET_ATTR),
+    )
     expr = f"avg by ({category}, {bucket}) ({_by_rank(entry.prometheus_name + _SELECTOR)})"
     title = entry.name + " by category (mean over the selected ranks)"
     return [_PanelSpec(title, entry.description, expr, f"{{{{{category}}}}}", _unit(entry))]
@@ -148,7 +144,7 @@ def _efficiency(entry: CatalogEntry) -> list[_PanelSpec]:
 def _setup(entry: CatalogEntry) -> list[_PanelSpec]:
     if entry.name != _series.RL_SETUP_DURATION_METRIC:
         return _generic(entry)
-    phase = _label(_series.RL_SETUP_PHASE_ATTR)
+    phase = prometheus_label(_series.RL_SETUP_PHASE_ATTR)
     expr = f"max by ({phase}) ({_by_rank(entry.prometheus_name + _SELECTOR)})"
     title = entry.name + " by phase (slowest selected rank)"
     legend = f"{{{{{phase}}}}}"

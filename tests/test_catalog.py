@@ -14,6 +14,7 @@ from async_tee import _default_rows as default_rows
 from async_tee import _series, cli, metrics, registry
 from async_tee._prometheus_names import (
     check_prometheus_names,
+    prometheus_label,
     prometheus_name,
     prometheus_sample_names,
 )
@@ -111,6 +112,19 @@ CASES = [
     ("rl.hist_total", "", "histogram"),
     ("Rl.Mixed.Case", "Cel", "gauge"),
 ]
+
+
+@pytest.mark.parametrize(
+    "attribute",
+    ["rl.efficiency.category", "rl.bucket", "a:b", "x..y--z", "3d.view", "_ok", "Mixed.Case"],
+)
+def test_prometheus_label_agrees_with_the_real_exporter(attribute):
+    def setup(provider):
+        provider.get_meter("t").create_gauge("rl.g").set(1.0, {attribute: "v"})
+
+    text = exposition(setup)
+    sample = next(line for line in text.splitlines() if line.startswith("rl_g{"))
+    assert f'{prometheus_label(attribute)}="v"' in sample, sample
 
 
 @pytest.mark.parametrize(("name", "unit", "kind"), CASES)
