@@ -182,6 +182,35 @@ def _stuck_collector(sink: OtlpSink, collector: str, port: int) -> None:
     assert delivered is False  # the last steps never left the process: said so
 
 
+def test_steps_one_interval_apart_do_not_race_the_periodic_export(sink):
+    # Steps as far apart as OTEL_METRIC_EXPORT_INTERVAL: each step export restarts the
+    # period, and a step that comes a little late must not find the timer fired first.
+    steps = 8
+    async_tee.start_telemetry(
+        environ=_environ(
+            sink, OTEL_METRIC_EXPORT_INTERVAL="300", ASYNC_TEE_MIN_EXPORT_INTERVAL="0.05"
+        )
+    )
+    _run_steps(steps, 0.3)
+    assert async_tee.shutdown_telemetry(10)
+    by_trigger = async_tee.stats()["exports_by_trigger"]
+    assert by_trigger["step"]["success"] >= steps - 1
+    assert by_trigger["interval"]["success"] <= 1, by_trigger
+
+
+def test_the_period_waits_a_grace_after_a_step_export_only(sink):
+    from async_tee import _export
+
+    async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
+    (reader,) = async_tee._telemetry.active()._built.push_readers
+    reader._send(None, "interval")  # the exporter fails it: timing is all that is checked
+    assert reader.period_due() == pytest.approx(reader._last_export + 60.0)
+    reader._send(None, "step")
+    grace = 60.0 * (1 + _export.BACKSTOP_GRACE)
+    assert reader.period_due() == pytest.approx(reader._last_export + grace)
+    async_tee.shutdown_telemetry(10)
+
+
 def test_step_export_off_leaves_the_periodic_export(sink):
     async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0"))
     _run_steps(3, 0.05)
