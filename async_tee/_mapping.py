@@ -34,6 +34,7 @@ __all__ = [
     "EfficiencyCategory",
     "efficiency_categories",
     "efficiency_measurements",
+    "efficiency_seconds_key",
     "efficiency_window",
     "map_efficiency_pct",
     "map_efficiency_seconds",
@@ -119,13 +120,18 @@ def map_efficiency_seconds(
     """
     out: dict[str, float] = {}
     for category in measurement_by_category:
-        raw = metrics.get(f"{EFFICIENCY_KEY_PREFIX}{category}{EFFICIENCY_SECONDS_SUFFIX}")
+        raw = metrics.get(efficiency_seconds_key(category))
         if raw is None:
             continue
         value = as_scalar(raw)
         if value is not None:
             out[category] = value
     return out
+
+
+def efficiency_seconds_key(category: str) -> str:
+    """The ``Logger`` key of a category's seconds: ``efficiency/<category>_s``."""
+    return f"{EFFICIENCY_KEY_PREFIX}{category}{EFFICIENCY_SECONDS_SUFFIX}"
 
 
 def map_efficiency_pct(metrics: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -182,7 +188,7 @@ def read_keys(rows: Iterable[TeedMetric], categories: Iterable[str]) -> tuple[st
     efficiency-percent pair: the caller snapshots a very large dict to these (§6).
     """
     keys = [row.logger_key for row in rows]
-    keys += [f"{EFFICIENCY_KEY_PREFIX}{c}{EFFICIENCY_SECONDS_SUFFIX}" for c in categories]
+    keys += [efficiency_seconds_key(c) for c in categories]
     keys += [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
     return tuple(dict.fromkeys(keys))
 

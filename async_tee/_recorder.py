@@ -20,24 +20,36 @@ from async_tee._mapping import (
     STEP_WINDOW,
     WALL_CLOCK_MEASUREMENT,
     efficiency_categories,
+    efficiency_seconds_key,
     efficiency_window,
     map_efficiency_pct,
-    map_efficiency_seconds,
     map_setup_seconds,
-    map_teed_scalars,
     read_keys,
 )
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP
-from async_tee.registry import FrozenAttributes, InstrumentRegistry, instrument_registry
-from async_tee.vocabulary import teed_metrics
+from async_tee.registry import (
+    NO_ATTRIBUTES,
+    FrozenAttributes,
+    InstrumentRegistry,
+    instrument_registry,
+)
+from async_tee.vocabulary import as_scalar, teed_metrics
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
+    from async_tee.registry import _LastValue
+
 _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key
 _SETUP_DURATION_KEY = _series.SETUP_DURATION.key
+
+ScalarPlan = tuple[tuple[str, str, "_LastValue | None"], ...]
+"""Per declared row: its ``Logger`` key, its registry key, its plain gauge (or None)."""
+
+EfficiencyPlan = tuple[tuple[str, FrozenAttributes, "_LastValue | None"], ...]
+"""Per known category: its seconds key, its attribute set, the seconds gauge (or None)."""
 
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
@@ -126,6 +138,7 @@ class RLRecorder:
         self.efficiency_attributes = efficiency_attributes(categories)
         self.counted = CountedSteps()
         self.read_keys = read_keys(rows, categories)  # all it reads from train/"" dicts
+        self._plans: tuple[ScalarPlan, EfficiencyPlan] | None = None
 
     @classmethod
     def for_meter(cls, meter: Meter) -> RLRecorder:
@@ -160,14 +173,42 @@ class RLRecorder:
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:setup", "async_tee: teeing the setup phases failed")
 
+    def plans(self) -> tuple[ScalarPlan, EfficiencyPlan]:
+        """What ``tee_scalars`` and ``tee_efficiency`` look up, resolved once per session.
+
+        Each entry pairs a ``Logger`` key with what records its value, and the plain
+        gauge whose ``store`` takes a finite float in one step (None: the checked path).
+        """
+        if self._plans is None:
+            gauges = self.instruments.gauges(RL_METRIC_GROUP)
+            seconds = gauges.get(_EFFICIENCY_SECONDS_KEY)
+            self._plans = (
+                tuple((row.logger_key, row.key, gauges.get(row.key)) for row in self.rows),
+                tuple(
+                    (efficiency_seconds_key(category), attributes, seconds)
+                    for category, attributes in self.efficiency_attributes.items()
+                ),
+            )
+        return self._plans
+
     def tee_scalars(self, metrics: Mapping[str, Any], step: Any = None) -> None:
         """Emit the declared training and vLLM scalars, unlabelled.
 
         A counter's delta is added the first time its ``(step, key)`` is seen; later
-        copies in the same step are ignored. Without a step every call counts.
+        copies in the same step are ignored. Without a step every call counts. A value
+        that is not a scalar is left out (``map_teed_scalars``); a finite float for a
+        gauge is stored at once, the rest goes through the registry's checks.
         """
         try:
-            values = map_teed_scalars(metrics, self.rows)
+            get = metrics.get
+            values: dict[str, float] = {}
+            for logger_key, key, gauge in self.plans()[0]:
+                raw = get(logger_key)
+                if raw is None or (gauge is not None and gauge.store(raw, NO_ATTRIBUTES)):
+                    continue
+                value = as_scalar(raw)
+                if value is not None:
+                    values[key] = value
             if step is not None and self.counter_keys:
                 first_time = self.counted.first_time
                 for key in self.counter_keys.intersection(values):
@@ -179,11 +220,20 @@ class RLRecorder:
             warn_once("tee:scalars", "async_tee: teeing the training scalars failed")
 
     def tee_efficiency(self, metrics: Mapping[str, Any]) -> None:
-        """Emit the ``efficiency/*`` phase durations as ``rl.efficiency.*``."""
+        """Emit the ``efficiency/*`` phase durations as ``rl.efficiency.*``.
+
+        Only the known categories' keys are read (``map_efficiency_seconds``), so the
+        aggregate ``efficiency/*_s`` keys stay out of the per-category series.
+        """
         try:
-            attributes = self.efficiency_attributes
-            for category, seconds in map_efficiency_seconds(metrics, attributes).items():
-                self.record({_EFFICIENCY_SECONDS_KEY: seconds}, attributes[category])
+            get = metrics.get
+            for seconds_key, attributes, gauge in self.plans()[1]:
+                raw = get(seconds_key)
+                if raw is None or (gauge is not None and gauge.store(raw, attributes)):
+                    continue
+                value = as_scalar(raw)
+                if value is not None:
+                    self.record({_EFFICIENCY_SECONDS_KEY: value}, attributes)
             pct = map_efficiency_pct(metrics)
             if pct is not None:
                 self.record({_EFFICIENCY_PCT_KEY: pct[0]}, _PCT_ATTRIBUTES[pct[1]])

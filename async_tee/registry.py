@@ -194,6 +194,18 @@ class _LastValue(_Series):
     def clear(self, attributes: FrozenAttributes) -> None:
         self.points.pop(attributes.key, None)
 
+    def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
+        """Record ``raw`` if it is a finite ``float`` for a set this gauge already holds.
+
+        The worker's fast path: such a value passes every check ``record`` would make
+        (scalar, finite, admitted), so recording it is one store. Returns False for
+        anything else, which the caller then records through :meth:`InstrumentRegistry.record`.
+        """
+        if type(raw) is float and raw - raw == 0.0 and attributes.key in self.points:
+            self.points[attributes.key] = (raw, attributes)
+            return True
+        return False
+
     def observe(self, _options: CallbackOptions) -> list[Observation]:
         budget().spend()  # a collection is a run of callbacks: slice it between them
         # dict.copy() is atomic under the GIL: the exporter's thread reads a consistent
@@ -395,6 +407,11 @@ class InstrumentRegistry:
                 return []
 
         return observe
+
+    def gauges(self, group: str) -> dict[str, _LastValue]:
+        """The plain gauges of ``group`` by key (created now if need be), for ``store``."""
+        instruments = self.instruments(group) or {}
+        return {key: series for key, series in instruments.items() if type(series) is _LastValue}
 
     def create(self, group: str) -> None:
         """Create every instrument of ``group`` now. Idempotent; never raises."""

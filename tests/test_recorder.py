@@ -1,0 +1,109 @@
+"""The worker's recorder: its one-store fast path records exactly what the checked path does.
+
+``RLRecorder`` stores a finite float for a gauge that already holds a point in one step
+(``_LastValue.store``); everything else goes through ``InstrumentRegistry.record``'s
+checks. Generated sequences of the fixture's ``train`` and ``""`` dicts, their values
+replaced by floats, NaN, infinities, ints, numpy scalars, bools, strings and None, must
+leave the same tables and the same counts as mapping each dict first
+(``map_teed_scalars``, ``map_efficiency_seconds``) and recording the result through the
+registry, which is how the recorder worked before the fast path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.metrics import MeterProvider
+
+from async_tee import _series, testing
+from async_tee._mapping import map_efficiency_pct, map_efficiency_seconds, map_teed_scalars
+from async_tee._recorder import _PCT_ATTRIBUTES, RLRecorder
+from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee.registry import InstrumentRegistry
+
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**20), 10**20),
+    st.floats(-1e6, 1e6).map(np.float32),
+    st.floats(allow_nan=True).map(np.float64),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+def _dicts(calls: list[dict[str, Any]]) -> st.SearchStrategy[list[tuple[dict[str, Any], str]]]:
+    train = next(c["metrics"] for c in calls if c["prefix"] == "train")
+    efficiency = next(c["metrics"] for c in calls if c["prefix"] == "")
+
+    def varied(metrics: dict[str, Any], prefix: str) -> st.SearchStrategy[Any]:
+        keys = sorted(metrics)
+        return st.dictionaries(st.sampled_from(keys), _VALUES, max_size=len(keys)).map(
+            lambda changes: ({**metrics, **changes}, prefix)
+        )
+
+    return st.lists(st.one_of(varied(train, "train"), varied(efficiency, "")), max_size=12)
+
+
+def _checked(recorder: RLRecorder, metrics: dict[str, Any], prefix: str, step: int) -> None:
+    """The recorder's path before the fast one: map the whole dict, then record it."""
+    values = map_teed_scalars(metrics, recorder.rows)
+    for key in recorder.counter_keys.intersection(values):
+        if not recorder.counted.first_time(step, key):
+            del values[key]
+    recorder.record(values)
+    if prefix == "":
+        attributes = recorder.efficiency_attributes
+        for category, seconds in map_efficiency_seconds(metrics, attributes).items():
+            recorder.record({_series.EFFICIENCY_SECONDS.key: seconds}, attributes[category])
+        pct = map_efficiency_pct(metrics)
+        if pct is not None:
+            recorder.record({_series.EFFICIENCY_PCT.key: pct[0]}, _PCT_ATTRIBUTES[pct[1]])
+
+
+def _state(registry: InstrumentRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
+    tables = {}
+    for key, series in (registry.instruments(RL_METRIC_GROUP) or {}).items():
+        points = getattr(series, "points", None)
+        if points is not None:
+            # NaN never reaches a table; compare the values themselves.
+            tables[key] = {k: v[0] for k, v in points.items()}
+    counts = registry.counts
+    return tables, {
+        "non_finite": counts.non_finite,
+        "rejected": counts.rejected,
+        "errors": counts.errors,
+        "by_series": dict(counts.non_finite_by_series),
+    }
+
+
+def test_the_fast_path_records_what_the_checked_path_does(calls):
+    testing.reset()
+    assert ensure_metric_group_registered()
+    provider = MeterProvider(shutdown_on_exit=False)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(sequence=_dicts(calls), warm=st.booleans())
+    def check(sequence: list[tuple[dict[str, Any], str]], warm: bool) -> None:
+        fast = RLRecorder.for_meter(provider.get_meter(f"fast-{id(sequence)}"))
+        slow = RLRecorder.for_meter(provider.get_meter(f"slow-{id(sequence)}"))
+        if warm:  # every gauge already holds a point: the fast path is taken from the start
+            for metrics, prefix in ((c["metrics"], c["prefix"]) for c in calls):
+                if prefix in ("train", ""):
+                    fast.tee(metrics, prefix, 0)
+                    _checked(slow, metrics, prefix, 0)
+        for step, (metrics, prefix) in enumerate(sequence, start=1):
+            fast.tee(metrics, prefix, step // 2)  # two dicts a step: counters once per step
+            _checked(slow, metrics, prefix, step // 2)
+        assert _state(fast.instruments) == _state(slow.instruments)
+        tables = _state(fast.instruments)[0]
+        assert all(math.isfinite(v) for table in tables.values() for v in table.values())
+
+    try:
+        check()
+    finally:
+        provider.shutdown()
