@@ -244,7 +244,7 @@ class Pipeline:
     def _record_step(self, step: float, completed_at: float) -> None:
         """Record ``rl.step`` and ``rl.step.time`` for a step just completed."""
         assert self.recorder is not None
-        self.recorder.record({_series.STEP.key: step, _series.STEP_TIME.key: completed_at})
+        self.recorder.record_step(step, completed_at)
 
     def on_lag(self, lag_ms: float) -> None:
         """Record one snapshot's enqueue-to-record lag (the worker's callback)."""

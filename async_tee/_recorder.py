@@ -44,9 +44,11 @@ if TYPE_CHECKING:
 _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key
 _SETUP_DURATION_KEY = _series.SETUP_DURATION.key
+_STEP_KEY = _series.STEP.key
+_STEP_TIME_KEY = _series.STEP_TIME.key
 
 ScalarPlan = tuple[tuple[str, str, "_LastValue | None"], ...]
-"""Per declared row: its ``Logger`` key, its registry key, its plain gauge (or None)."""
+"""Per declared row: its ``Logger`` key, its registry key, its table (or None)."""
 
 EfficiencyPlan = tuple[tuple[str, FrozenAttributes, "_LastValue | None"], ...]
 """Per known category: its seconds key, its attribute set, the seconds gauge (or None)."""
@@ -139,6 +141,7 @@ class RLRecorder:
         self.counted = CountedSteps()
         self.read_keys = read_keys(rows, categories)  # all it reads from train/"" dicts
         self._plans: tuple[ScalarPlan, EfficiencyPlan] | None = None
+        self._tables: dict[str, _LastValue] | None = None
 
     @classmethod
     def for_meter(cls, meter: Meter) -> RLRecorder:
@@ -173,17 +176,38 @@ class RLRecorder:
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:setup", "async_tee: teeing the setup phases failed")
 
+    def tables(self) -> dict[str, _LastValue]:
+        """The ``rl`` group's gauges and running totals by key, looked up once per session."""
+        if self._tables is None:
+            self._tables = self.instruments.tables(RL_METRIC_GROUP)
+        return self._tables
+
+    def record_step(self, step: float, completed_at: float) -> None:
+        """Record ``rl.step`` and ``rl.step.time`` for a completed step. Never raises."""
+        try:
+            tables = self.tables()
+            values = {}
+            for key, value in ((_STEP_KEY, step), (_STEP_TIME_KEY, completed_at)):
+                gauge = tables.get(key)
+                if gauge is None or not gauge.store(value, NO_ATTRIBUTES):
+                    values[key] = value
+            if values:
+                self.record(values)
+        except Exception:  # noqa: BLE001 - never raise into the worker
+            warn_once("tee:step", "async_tee: recording rl.step failed")
+
     def plans(self) -> tuple[ScalarPlan, EfficiencyPlan]:
         """What ``tee_scalars`` and ``tee_efficiency`` look up, resolved once per session.
 
-        Each entry pairs a ``Logger`` key with what records its value, and the plain
-        gauge whose ``store`` takes a finite float in one step (None: the checked path).
+        Each entry pairs a ``Logger`` key with what records its value, and the table
+        (gauge or running total) whose ``store`` takes a finite float in one step (None:
+        the checked path).
         """
         if self._plans is None:
-            gauges = self.instruments.gauges(RL_METRIC_GROUP)
-            seconds = gauges.get(_EFFICIENCY_SECONDS_KEY)
+            tables = self.tables()
+            seconds = tables.get(_EFFICIENCY_SECONDS_KEY)
             self._plans = (
-                tuple((row.logger_key, row.key, gauges.get(row.key)) for row in self.rows),
+                tuple((row.logger_key, row.key, tables.get(row.key)) for row in self.rows),
                 tuple(
                     (efficiency_seconds_key(category), attributes, seconds)
                     for category, attributes in self.efficiency_attributes.items()
@@ -196,24 +220,30 @@ class RLRecorder:
 
         A counter's delta is added the first time its ``(step, key)`` is seen; later
         copies in the same step are ignored. Without a step every call counts. A value
-        that is not a scalar is left out (``map_teed_scalars``); a finite float for a
-        gauge is stored at once, the rest goes through the registry's checks.
+        that is not a scalar is left out (``map_teed_scalars``); a finite float is stored
+        at once (``_LastValue.store``), the rest goes through the registry's checks.
         """
         try:
             get = metrics.get
+            counter_keys = self.counter_keys
+            first_time = self.counted.first_time
             values: dict[str, float] = {}
-            for logger_key, key, gauge in self.plans()[0]:
+            for logger_key, key, table in self.plans()[0]:
                 raw = get(logger_key)
-                if raw is None or (gauge is not None and gauge.store(raw, NO_ATTRIBUTES)):
+                if raw is None:
+                    continue
+                counted = key in counter_keys
+                if not counted and table is not None and table.store(raw, NO_ATTRIBUTES):
                     continue
                 value = as_scalar(raw)
-                if value is not None:
-                    values[key] = value
-            if step is not None and self.counter_keys:
-                first_time = self.counted.first_time
-                for key in self.counter_keys.intersection(values):
-                    if not first_time(step, key):
-                        del values[key]
+                if value is None:
+                    continue
+                if counted:  # a step's delta counts once: check before adding it
+                    if step is not None and not first_time(step, key):
+                        continue
+                    if table is not None and table.store(raw, NO_ATTRIBUTES):
+                        continue
+                values[key] = value
             if values:
                 self.record(values)
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others

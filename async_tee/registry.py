@@ -246,6 +246,21 @@ class _RunningTotal(_LastValue):
     def clear(self, attributes: FrozenAttributes) -> None:
         """A total has no stale value to withdraw: a non-finite delta is only skipped."""
 
+    def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
+        """Add ``raw`` if it is a finite ``float`` delta for a set this total already holds.
+
+        Not negative, for a counter. False otherwise (see :meth:`_LastValue.store`).
+        """
+        if type(raw) is not float or raw - raw != 0.0 or (self.monotonic and raw < 0):
+            return False
+        key = attributes.key
+        with self.owner.lock:
+            previous = self.points.get(key)
+            if previous is None:
+                return False
+            self.points[key] = (previous[0] + raw, attributes)
+        return True
+
 
 class _Histogram(_Series):
     __slots__ = ("_instrument", "_seen", "limit")
@@ -408,10 +423,14 @@ class InstrumentRegistry:
 
         return observe
 
-    def gauges(self, group: str) -> dict[str, _LastValue]:
-        """The plain gauges of ``group`` by key (created now if need be), for ``store``."""
+    def tables(self, group: str) -> dict[str, _LastValue]:
+        """The gauges and running totals of ``group`` by key (created now if need be).
+
+        Their ``store`` is the worker's fast path: one step for a value that passes every
+        check :meth:`record` would make, False for anything else.
+        """
         instruments = self.instruments(group) or {}
-        return {key: series for key, series in instruments.items() if type(series) is _LastValue}
+        return {key: s for key, s in instruments.items() if isinstance(s, _LastValue)}
 
     def create(self, group: str) -> None:
         """Create every instrument of ``group`` now. Idempotent; never raises."""

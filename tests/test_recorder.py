@@ -37,16 +37,17 @@ _VALUES = st.one_of(
 
 
 def _dicts(calls: list[dict[str, Any]]) -> st.SearchStrategy[list[tuple[dict[str, Any], str]]]:
-    train = next(c["metrics"] for c in calls if c["prefix"] == "train")
-    efficiency = next(c["metrics"] for c in calls if c["prefix"] == "")
+    """Sequences of the fixture's ``train`` and ``""`` dicts, some values replaced."""
+    teed = [(c["metrics"], c["prefix"]) for c in calls if c["prefix"] in ("train", "")]
 
-    def varied(metrics: dict[str, Any], prefix: str) -> st.SearchStrategy[Any]:
+    def varied(original: tuple[dict[str, Any], str]) -> st.SearchStrategy[Any]:
+        metrics, prefix = original
         keys = sorted(metrics)
         return st.dictionaries(st.sampled_from(keys), _VALUES, max_size=len(keys)).map(
             lambda changes: ({**metrics, **changes}, prefix)
         )
 
-    return st.lists(st.one_of(varied(train, "train"), varied(efficiency, "")), max_size=12)
+    return st.lists(st.one_of([varied(original) for original in teed]), max_size=12)
 
 
 def _checked(recorder: RLRecorder, metrics: dict[str, Any], prefix: str, step: int) -> None:
@@ -105,5 +106,28 @@ def test_the_fast_path_records_what_the_checked_path_does(calls):
 
     try:
         check()
+    finally:
+        provider.shutdown()
+
+
+def test_a_stored_counter_refuses_what_record_refuses():
+    # Once a total holds a point its deltas take the one-step path; a negative, NaN or
+    # non-float delta must still go through the registry's checks and be counted.
+    testing.reset()
+    assert ensure_metric_group_registered()
+    provider = MeterProvider(shutdown_on_exit=False)
+    try:
+        recorder = RLRecorder.for_meter(provider.get_meter("counters"))
+        key = "vllm/prompt_tokens"
+        recorder.tee({key: 10.0}, "train", 1)
+        recorder.tee({key: -5.0}, "train", 2)
+        recorder.tee({key: float("nan")}, "train", 3)
+        recorder.tee({key: np.float64(2.0)}, "train", 4)
+        recorder.tee({key: 3.0}, "train", 5)
+        recorder.tee({key: 3.0}, "train", 5)  # the same step again: counted once
+        tables, counts = _state(recorder.instruments)
+        assert tables["vllm_prompt_tokens"] == {(): 15.0}
+        assert counts["rejected"] == 1
+        assert counts["non_finite"] == 1
     finally:
         provider.shutdown()
