@@ -193,6 +193,7 @@ class ExportingReader(MetricReader):
                     break
                 queued = self._queued.popleft() if self._queued else None
                 self._busy = True
+            budget().start()  # the GIL was just taken back after the wait: a fresh slice
             try:
                 if queued is not None:
                     self._send(*queued)
@@ -238,7 +239,7 @@ class ExportingReader(MetricReader):
         """Export one collection, count its result. Never raises."""
         self._last_export = time.monotonic()
         self._last_was_step = trigger == "step"
-        budget().spend()  # the encoding ahead holds the GIL ~0.5 ms: hand it over first
+        budget().spend()  # the encoding ahead holds the GIL ~0.5 ms: start it on a fresh slice
         try:
             with _suppressed_instrumentation():
                 result = self._exporter.export(metrics_data, timeout_millis=self._timeout_ms)

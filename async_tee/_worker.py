@@ -33,10 +33,12 @@ BATCH_SIZE = 256
 IDLE_DRAIN_INTERVAL_S = 1.0
 """The longest the worker sleeps, while the queue stays empty or dicts only trickle in."""
 
-WAKE_TARGET = 32
+WAKE_TARGET = 64
 """Dicts a timer wake should find. A wake costs ~0.3-0.4 ms of CPU whatever it finds (the
-loop, the step clock, the GIL hand-over) against tens of µs a dict, so at a steady slow
-rate the worker sleeps until about this many have arrived (at most the idle interval)."""
+loop, the step clock, re-taking the GIL from a busy trainer) against ~10-30 µs a dict, so at
+a steady rate the worker sleeps until about this many have arrived (at most the trickle
+interval, and at most a quarter of the queue: the high-water wake is the producer's, a
+syscall in the training thread, and must stay for bursts)."""
 
 LAG_SAMPLES = 2048
 """Recent enqueue-to-record lags kept for the percentiles in ``stats()``."""
@@ -119,6 +121,7 @@ class Worker:
         self._interval = drain_interval_s
         self._idle_interval = max(drain_interval_s, IDLE_DRAIN_INTERVAL_S)
         self._trickle_interval = min(max(drain_interval_s, trickle_interval_s), self._idle_interval)
+        self._wake_target = min(WAKE_TARGET, max(1, queue.capacity // 4))
         self._on_lag = on_lag
         self._after_drain = after_drain
         self._on_death = on_death
@@ -203,7 +206,7 @@ class Worker:
         if not found:
             return min(sleep * 2, self._idle_interval)
         rate = found / max(slept, 1e-3)
-        return min(max(WAKE_TARGET / rate, self._interval), self._trickle_interval)
+        return min(max(self._wake_target / rate, self._interval), self._trickle_interval)
 
     def _call_after_drain(self) -> float | None:
         if self._after_drain is None:

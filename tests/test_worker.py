@@ -75,3 +75,18 @@ def test_what_is_left_after_a_stop_is_counted_as_shutdown(queue, worker, seen):
     queue.put((1, 0))  # after the worker has ended
     assert not worker.stop(5)  # not everything put before this call was processed
     assert (worker.counts.shutdown, seen) == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("capacity", "found", "slept", "expected"),
+    [
+        (1024, 0, 0.05, 0.1),  # empty: back off, doubling
+        (1024, 20, 0.1, 0.32),  # 200 dicts a second: sleep until 64 are due
+        (1024, 2, 1.0, 1.0),  # 2 a second: no longer than the trickle interval
+        (1024, 5000, 0.1, 0.05),  # a flood: no shorter than the drain interval
+        (64, 20, 0.1, 0.08),  # a small queue: a quarter of it, so high water stays for bursts
+    ],
+)
+def test_the_timer_sleeps_until_a_batch_worth_a_wake_is_due(capacity, found, slept, expected):
+    worker = Worker(DropOldestQueue(capacity), lambda item: None, 0.05, trickle_interval_s=1.0)
+    assert worker._next_sleep(0.05, found, slept) == pytest.approx(expected)
