@@ -133,10 +133,12 @@ def _otlp_exporter(settings: Settings) -> Any:
         import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
+        from async_tee._encode import sliced
+
         insecure = settings.otlp_insecure
         if insecure is None:
             insecure = settings.otlp_endpoint.startswith("http://")
-        return OTLPMetricExporter(
+        return sliced(OTLPMetricExporter)(
             endpoint=settings.otlp_endpoint,
             insecure=insecure,
             headers=headers,
