@@ -164,7 +164,7 @@ def _label(cell: dict[str, Any]) -> tuple[str, str]:
 
 
 def rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for c in cells:
         g = c["gap_us"]
         out.append(

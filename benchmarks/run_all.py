@@ -16,7 +16,8 @@ filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys),
 ``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
 and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps the
 telemetry threads make in a pure-Python training thread through the GIL, off against
-on, at 1, 10 and 100 teed steps a second). Their JSON
+on, at 1, 10 and 100 teed steps a second) and ``bench_handover.py`` (how long the threads'
+GIL hand-over sleep must be for a busy training thread to take the GIL). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_export
+import bench_handover
 import bench_latency
 import bench_memory
 import bench_overhead
@@ -58,6 +60,7 @@ SECTIONS: dict[str, Section] = {
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
     "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
     "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
+    "handover": ("GIL hand-over sleep (bench_handover.py)", bench_handover.section),
 }
 PARTS = tuple(SECTIONS)
 # The scripts, and the parts each one's report holds: bench_latency.py measures both
@@ -71,6 +74,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "sizes": ("sizes",),
     "ranks": ("ranks",),
     "stolen": ("stolen",),
+    "handover": ("handover",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 

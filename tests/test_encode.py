@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import async_tee
-from async_tee import _encode
+from async_tee import _encode, _gil
 from async_tee._encode import encode_in_slices, sliced
 
 
@@ -65,7 +65,7 @@ def test_empty_data_and_empty_scopes_encode_as_the_sdk_does():
 def test_slices_offer_the_gil_between_them(calls, monkeypatch):
     data = _collected(calls)
     spent = []
-    monkeypatch.setattr(_encode.budget(), "spend", lambda: spent.append(1))
+    monkeypatch.setattr(_gil.budget(), "spend", lambda: spent.append(1))
     encode_in_slices(data, 4)
     metrics = len(data.resource_metrics[0].scope_metrics[0].metrics)
     assert len(spent) == -(-metrics // 4)
@@ -74,7 +74,8 @@ def test_slices_offer_the_gil_between_them(calls, monkeypatch):
 def test_the_grpc_exporter_encodes_in_slices_and_one_without_the_hook_is_left_alone():
     exporter_class = sliced(OTLPMetricExporter)
     assert issubclass(exporter_class, OTLPMetricExporter)
-    assert exporter_class._translate_data is _encode.SlicedEncoding._translate_data
+    hook: object = exporter_class._translate_data
+    assert hook is _encode.SlicedEncoding._translate_data
 
     class NoHook:
         pass
