@@ -6,12 +6,12 @@ default) to pass and force a hand-over; so a worker that records a batch for 3 m
 training wait up to 3 ms, however cheap each dict is. async_tee's threads instead call
 :meth:`GilBudget.spend` between units of work (a dict, a callback); once a slice has run
 ``SLICE_S`` they sleep ``HANDOVER_S``, which releases the GIL long enough for a waiting
-thread to take it. A shorter sleep would not: the sleeper re-takes the GIL before the
+thread to take it. ``time.sleep(0)`` would not: the sleeper re-takes the GIL before the
 waiter, woken on a condition variable, is scheduled, and the slices chain into one long
-hold. Measured on a 2-vCPU VM (``benchmarks/bench_handover.py``) against a busy training
-thread: with 0.4 ms slices, a 50 µs sleep left 1 gap in 5 over 1 ms and 2.3x the work in
-time lost; 200 µs left almost none over 1 ms and 1.4x (``time.sleep(0)`` was worse than
-either). The sleep costs wall time, not CPU; the thread is never latency-bound (it waits
+hold. Measured on a 2-vCPU VM (``benchmarks/bench_handover.py``, two runs) against a busy
+training thread, with 0.4 ms slices: ``sleep(0)`` left 5-18 % of its gaps over 1 ms, a
+50 µs sleep 2 % in one run and 17 % in the other, 200 µs 2 % and 7 %, 500 µs about as
+200 µs. The sleep costs wall time, not CPU; the thread is never latency-bound (it waits
 the switch interval, 5 ms, to get the GIL back anyway). Standard library only.
 """
 
