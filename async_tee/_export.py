@@ -4,13 +4,12 @@ The SDK's ``PeriodicExportingMetricReader`` collects and exports in one call, on
 timer, so a gauge leaves the process with whatever value it holds when the timer fires
 and most steps are never seen (docs/semantics.md §9). :class:`ExportingReader` separates
 the two halves. At a step boundary the worker calls :meth:`ExportingReader.collect_step`:
-the collection (the observable callbacks reading the tables, ~1-3 ms for the fixture's 43
-series) runs on the worker while the tables hold exactly that step, and the collected
-data is handed to the exporting thread, which sends it. A newer step collected while an
-export is in flight replaces the one waiting behind it (counted in :attr:`superseded`),
-so at most one export is ever pending, whatever the collector does. The thread also
-exports on its own when ``OTEL_METRIC_EXPORT_INTERVAL`` passes without an export, and
-once more at shutdown.
+the collection (the observable callbacks reading the tables) runs on the worker while the
+tables hold exactly that step, and the collected data is handed to the exporting thread,
+which sends it. A newer step collected while an export is in flight replaces the one
+waiting behind it (the step clock counts it as coalesced), so at most one export is ever
+pending, whatever the collector does. The thread also exports on its own when the
+policy's backstop is due (``StepPolicy.backstop_due``), and once more at shutdown.
 
 Imported only when async_tee builds a provider (it subclasses the SDK's ``MetricReader``).
 Nothing here raises into the worker: a failed collection or export is counted and warned
@@ -31,17 +30,11 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
 
 from async_tee._gil import budget
+from async_tee._policy import StepPolicy
 from async_tee._reporting import logger, warn_once
 
 if TYPE_CHECKING:
     from async_tee._delivery import ExportCounts
-
-BACKSTOP_GRACE = 0.5
-"""After a step export the periodic export waits this share of its interval longer: steps
-exported about one interval apart must not race the timer, each step costing two exports
-(measured: 1.7 exports a second at 1 step a second with a 1 s interval). Half an interval,
-because a step export is sent when the worker drains it, up to ~0.3 s after the step (at
-100 steps a second a quarter still let 0.2 periodic exports a second through)."""
 
 CANCEL_MARGIN_S = 0.5
 """At most this much of a shutdown's budget (and at most a tenth) is kept to cancel an
@@ -71,20 +64,21 @@ class ExportingReader(MetricReader):
     """A metric reader with its own exporting thread, driven by steps and by a period.
 
     Attributes:
-        step_aligned: Whether the worker drives it at step boundaries (OTLP with
-            ``ASYNC_TEE_STEP_EXPORT`` on); otherwise it only exports on its period.
-        min_interval_s: The least time between a step export and the export before it.
+        step_aligned: Whether the worker drives it at step boundaries (an exporter whose
+            row says so, with ``ASYNC_TEE_STEP_EXPORT`` on); otherwise it only exports on
+            its period.
+        policy: When the periodic backstop is due.
         counts: Export attempts by trigger and result.
-        superseded: Collected steps replaced by a newer one before they were sent.
+        replaced: Collected steps replaced by a newer one before they were sent (the
+            step clock reports them as coalesced).
     """
 
     def __init__(
         self,
         exporter: MetricExporter,
         *,
-        interval_s: float,
+        policy: StepPolicy,
         timeout_s: float,
-        min_interval_s: float,
         counts: ExportCounts,
         step_aligned: bool,
     ) -> None:
@@ -94,12 +88,11 @@ class ExportingReader(MetricReader):
             preferred_aggregation=exporter._preferred_aggregation,
         )
         self._exporter = exporter
-        self._interval_s = interval_s
+        self.policy = policy
         self._timeout_ms = timeout_s * 1000.0
-        self.min_interval_s = min_interval_s
         self.counts = counts
         self.step_aligned = step_aligned
-        self.superseded = 0
+        self.replaced = 0
         self._local = threading.local()  # which trigger a collection on this thread serves
         self._last_export = time.monotonic()  # when the last export started (or the start)
         self._last_was_step = False  # that export was a step's: the period waits its grace
@@ -147,7 +140,8 @@ class ExportingReader(MetricReader):
     def collect_step(self) -> bool:
         """Collect now for the step just completed and hand it to the exporting thread.
 
-        Called on the worker thread at a clean step boundary. Never raises.
+        Called on the worker thread at a clean step boundary (by the step clock). Never
+        raises.
 
         Returns:
             Whether the collection succeeded (the export itself happens later).
@@ -176,7 +170,7 @@ class ExportingReader(MetricReader):
             # replaces the newest waiting (its step is folded into this one).
             while len(self._queued) >= (1 if self._busy else 2):
                 if self._queued.pop()[1] == "step":
-                    self.superseded += 1
+                    self.replaced += 1
             self._handed += 1
             self._queued.append((metrics_data, trigger or "flush", self._handed))
             self._cond.notify_all()
@@ -214,14 +208,8 @@ class ExportingReader(MetricReader):
         self._collect_here("shutdown")
 
     def period_due(self) -> float:
-        """When (monotonic) the periodic export is due, if no other export comes first.
-
-        One interval after the last export; after a step export, half an interval more
-        (:data:`BACKSTOP_GRACE`): while steps are exported the period is only a backstop
-        for when they stop, and a step a few ms late must not cost a second export.
-        """
-        grace = BACKSTOP_GRACE if self._last_was_step else 0.0
-        return self._last_export + self._interval_s * (1.0 + grace)
+        """When (monotonic) the periodic export is due, if no other export comes first."""
+        return self.policy.backstop_due(self._last_export, self._last_was_step)
 
     def _collect_here(self, trigger: str) -> None:
         """Collect and export on the exporting thread. Never raises."""

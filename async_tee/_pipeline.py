@@ -1,14 +1,17 @@
-"""One telemetry session, owned by one object: the :class:`Pipeline`.
+"""One telemetry session, owned by one object, opened whole: :meth:`Pipeline.open`.
 
-``start_telemetry`` creates a pipeline and ``shutdown_telemetry`` ends it. It holds
-everything a session owns: the settings, the provider (and whether async_tee built it),
-the meter and its instrument registry, the RL recorder, the hand-off queue and the worker,
-the export results, the Prometheus servers, and so the threads. Nothing of a session
-outlives it (docs/semantics.md §7); the declarations it reads belong to the process.
+``Pipeline.open`` either returns a running session with every part set (settings, provider,
+meter and its instrument registry, the RL recorder, the step policy and clock, the
+hand-off queue and the running worker, the export counts, the signal handlers) or raises,
+leaving nothing running. A session that is off (disabled, a rank that does not export, a
+failed start) is a :class:`DisabledSession`, and :data:`NO_SESSION` stands for "no session
+yet". Nothing of a session outlives it (docs/semantics.md §7); the declarations it reads
+belong to the process. ``_telemetry`` alone registers the running session and points the
+tee at its queue; once shut down, by whatever path, a session is never handed out again.
 
 The data flows one way through it: the caller's snapshot (``_caller``) -> the queue
-(``_handoff``) -> the worker (``_worker``) -> :meth:`Pipeline.process` -> the recorder
-(``_recorder``: mapping, de-duplication) -> the registry (instruments) -> OTel.
+(``_handoff``) -> the worker (``_worker``) -> ``Pipeline._process`` -> the recorder
+(``_recorder``: the plans ``_mapping`` compiled, de-duplication) -> the registry -> OTel.
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ import dataclasses
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _caller, _series
 from async_tee._caller import Snapshot
-from async_tee._delivery import ExportCounts
+from async_tee._delivery import TRIGGERS, ExportCounts
+from async_tee._exporters import EXPORTER_KINDS, ExporterState, close_servers
 from async_tee._handoff import DropOldestQueue
-from async_tee._provider import BuiltProvider, ExporterState, build_meter_provider, close_servers
+from async_tee._policy import StepPolicy
+from async_tee._provider import BuiltProvider, build_meter_provider
 from async_tee._recorder import CountedSteps, RLRecorder
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._settings import Settings
 from async_tee._signals import SignalFlush
 from async_tee._steps import StepClock
 from async_tee._version import __version__
-from async_tee.config import Settings
 from async_tee.registry import InstrumentRegistry, RegistryCounts, instrument_registry
 
 if TYPE_CHECKING:
@@ -44,147 +50,265 @@ FORK_PAUSE_S = 1.0
 
 SNAPSHOT_TTL_S = 0.02
 """How long the self-series' ``stats()`` snapshot serves a collection async_tee did not start
-(a Prometheus scrape): one collection's callbacks run within ~2 ms; scrapes come seconds apart."""
+(a Prometheus scrape): one collection's callbacks run together; scrapes come seconds apart."""
+
+
+def _ranks(settings: Settings) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(settings.ranks),
+        "export_ranks": settings.export_ranks,
+        "exports": settings.exports_from_this_rank,
+    }
+
+
+def _idle_stats(settings: Settings) -> dict[str, Any]:
+    """``stats()`` of a session that recorded nothing: every figure zero."""
+    return {
+        "enqueued": 0,
+        "recorded": 0,
+        "dropped": 0,
+        "pending": 0,
+        "capacity": 0,
+        "dropped_by_reason": {"overflow": 0, "error": 0, "shutdown": 0, "snapshot": 0},
+        "lag_ms": {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0},
+        "values_skipped": {"non_finite": 0, "rejected": 0, "cardinality": 0},
+        "non_finite_by_series": {},
+        "errors": {"tee": 0, "registry": 0},
+        "exports": {"success": 0, "failure": 0},
+        "exports_by_trigger": {trigger: {"success": 0, "failure": 0} for trigger in TRIGGERS},
+        "steps": {"last": None, "completed": 0, "exported": 0, "coalesced": 0, "unusable": 0},
+        "exporting": False,
+        "exporters": {},
+        "ranks": _ranks(settings),
+        "worker_died": 0,
+        "export_thread_died": 0,
+    }
+
+
+class DisabledSession:
+    """A session that is off: the tee stays a no-op, every figure is zero.
+
+    What ``start_telemetry`` returns when telemetry is disabled, when
+    ``ASYNC_TEE_EXPORT_RANKS`` leaves this rank out, or when starting failed (warned once).
+    It has the reading side of a :class:`Pipeline`; flushing and shutting it down succeed
+    at once, with nothing to do.
+    """
+
+    is_exporting = False
+    meter: Meter | None = None
+    meter_provider: MeterProvider | None = None
+    prometheus_address: tuple[str, int] | None = None
+
+    def __init__(self, settings: Settings) -> None:
+        """A session that is off under ``settings``."""
+        self.settings = settings
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """No thread runs."""
+        return []
+
+    @property
+    def exporters(self) -> list[ExporterState]:
+        """No exporter was built."""
+        return []
+
+    def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
+        """Every figure zero; ``ranks`` says which rank this is and whether it exports."""
+        return _idle_stats(self.settings)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Nothing to record."""
+        return True
+
+    async def aflush(self, timeout_s: float) -> bool:
+        """Nothing to record."""
+        return True
+
+    def flush_and_export(self, timeout_s: float) -> bool:
+        """Nothing to export."""
+        return True
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Nothing to deliver."""
+        return True
+
+
+NO_SESSION = DisabledSession(Settings())
+"""What ``stats()`` reads before any session started."""
 
 
 class Pipeline:
-    """A telemetry session: what ``start_telemetry`` returns and ``shutdown_telemetry`` ends.
+    """A running telemetry session: ``start_telemetry`` returns it, ``shutdown_telemetry`` ends it.
 
     Attributes:
         settings: The effective configuration.
-        meter_provider: The provider recorded into (None while disabled or on failure).
+        meter_provider: The provider recorded into.
         owns_provider: Whether async_tee built the provider (and so shuts it down).
         meter: async_tee's meter on that provider.
         instruments: The meter's instrument registry (per-session counts).
         recorder: Maps and records snapshots (per-session counter de-duplication).
+        policy: When completed steps are exported.
+        steps: The step clock: completes steps, records ``rl.step``, drives step exports.
         queue: The hand-off queue the tee puts on while this session runs.
         worker: The worker draining it.
-        steps: The step clock: completes steps, records ``rl.step``, drives step exports.
-        signals: The termination-signal handlers it installed (docs/semantics.md §7).
         export_counts: Export attempts of the provider async_tee built, by trigger, result.
     """
 
-    def __init__(self, settings: Settings, meter_provider: MeterProvider | None = None) -> None:
-        """A session not started yet; :meth:`start` starts it."""
+    def __init__(
+        self,
+        settings: Settings,
+        meter_provider: MeterProvider,
+        built: BuiltProvider | None,
+        export_counts: ExportCounts,
+        policy: StepPolicy,
+    ) -> None:
+        """Assemble a session over a provider; only :meth:`open` calls this.
+
+        Raises:
+            RuntimeError: The ``rl`` metric group could not be registered.
+            Exception: Whatever the SDK raises creating the instruments.
+        """
         self.settings = settings
         self.meter_provider = meter_provider
-        self.owns_provider = False
-        self.meter: Meter | None = None
-        self.instruments: InstrumentRegistry | None = None
-        self.recorder: RLRecorder | None = None
-        self.queue: DropOldestQueue[Snapshot] | None = None
-        self.worker: Worker | None = None
-        self.steps: StepClock | None = None
-        self.signals: SignalFlush | None = None
-        self.export_counts = ExportCounts()
-        self._built: BuiltProvider | None = None
+        self.owns_provider = built is not None
+        self._built = built
+        self.export_counts = export_counts
+        self.policy = policy
+        self.meter: Meter = meter_provider.get_meter("async_tee", __version__)
+        self.instruments: InstrumentRegistry = instrument_registry(self.meter)
+        self.instruments.begin_session(settings.max_attribute_sets)
+        self.instruments.create(_series.SELF_METRIC_GROUP)
+        if not ensure_metric_group_registered():
+            raise RuntimeError("the rl metric group could not be registered (warned above)")
+        self.instruments.create(RL_METRIC_GROUP)
+        self.recorder = RLRecorder.for_meter(self.meter)  # over this meter's registry, above
+        self._step_reader = built.step_reader if built is not None else None
+        self.steps = self._new_step_clock()
+        self.queue, self.worker = self._new_worker()
+        self._signals = SignalFlush(
+            self.shutdown, self.flush_and_export, settings.shutdown_timeout_s
+        )
+        self._closed = False
         self._lag_values: dict[str, float] = {}
         self._snapshot: tuple[int, float, dict[str, Any]] | None = None
 
-    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, settings: Settings, meter_provider: MeterProvider | None = None) -> Pipeline:
+        """Open a running session: build or adopt the provider, start the worker, the signals.
 
-    def start(self) -> bool:
-        """Build or adopt the provider, create the instruments, start the worker.
+        The tee is not pointed at it yet: ``start_telemetry`` does that.
 
-        Returns:
-            Whether the tee is live. False (warned once) leaves it a no-op.
+        Args:
+            settings: The effective configuration.
+            meter_provider: A provider to record into (yours to shut down); None builds one
+                from ``settings``, which the session shuts down.
 
         Raises:
-            Exception: Whatever the SDK raises on a bad setting; ``start_telemetry``
-                catches it and leaves the tee a no-op.
+            RuntimeError: The worker did not start, or the ``rl`` group is unavailable.
+            Exception: Whatever the SDK raises on a bad setting. Nothing is left running.
         """
-        if self.meter_provider is None:
-            self._built = build_meter_provider(self.settings, self.export_counts)
-            self.meter_provider = self._built.provider
-            self.owns_provider = True
-        meter = self.meter_provider.get_meter("async_tee", __version__)
-        self.meter = meter
-        self.instruments = instrument_registry(meter)
-        self.instruments.begin_session(self.settings.max_attribute_sets)
-        self.instruments.create(_series.SELF_METRIC_GROUP)
-        if not ensure_metric_group_registered():
-            return False
-        self.instruments.create(RL_METRIC_GROUP)
-        self.recorder = RLRecorder.for_meter(meter)  # over this meter's registry, above
-        self.steps = self._new_step_clock()
-        return self._start_worker()
+        counts = ExportCounts()
+        policy = StepPolicy(
+            min_interval_s=settings.min_export_interval_s,
+            export_interval_s=settings.export_interval_ms / 1000.0,
+        )
+        built = None
+        if meter_provider is None:
+            built = build_meter_provider(settings, policy, counts)
+            meter_provider = built.provider
+        try:
+            session = cls(settings, meter_provider, built, counts, policy)
+            if not session.worker.start():
+                raise RuntimeError("the worker did not start")
+        except BaseException:
+            if built is not None:
+                with contextlib.suppress(Exception):
+                    built.provider.shutdown(timeout_millis=1000)
+                close_servers(built.started.servers)
+            raise
+        session._signals.install(settings.flush_signals)
+        return session
 
     def _new_step_clock(self) -> StepClock:
-        reader = self._built.step_reader if self._built is not None else None
-        return StepClock(self._record_step, reader)
+        return StepClock(self.recorder.record_step, self._step_reader, self.policy)
 
-    def _start_worker(self) -> bool:
-        """Start a worker on a fresh queue and point the tee at it: from here it is live."""
+    def _new_worker(self) -> tuple[DropOldestQueue[Snapshot], Worker]:
+        """A fresh queue and a worker for it, not started."""
         from async_tee._worker import Worker  # asyncio loads here, not at import async_tee
 
         queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
         worker = Worker(
             queue,
-            self.process,
+            self._process,
             self.settings.drain_interval_s,
-            self.on_lag,
-            self.after_drain,
-            self.on_worker_death,
-            trickle_interval_s=self._trickle_interval(),
+            self._on_lag,
+            self._after_drain,
+            self._on_worker_death,
+            trickle_interval_s=self.policy.trickle_interval_s(self._step_reader is not None),
         )
         queue.on_high_water = worker.wake
-        if not worker.start():
-            warn_once("worker:start", "async_tee: the worker did not start; the tee stays off")
-            return False
-        self.queue = queue
-        self.worker = worker
-        assert self.recorder is not None  # built before the worker
-        _caller.attach(queue, self.recorder.read_keys)
-        return True
+        return queue, worker
 
-    def _trickle_interval(self) -> float:
-        """The worker's longest sleep while dicts arrive: steps may be exported this far apart.
+    @property
+    def read_keys(self) -> tuple[str, ...]:
+        """Every key the worker reads from a ``train``/``""`` dict (the caller's filter)."""
+        return self.recorder.read_keys
 
-        Draining less often than that would put several exportable steps in one drain,
-        and all but the last two would be folded (one export in flight, one waiting).
-        """
-        reader = self._built.step_reader if self._built is not None else None
-        if reader is None:
-            return math.inf  # nothing exports per step: the worker's idle interval bounds it
-        return self.settings.min_export_interval_s
+    @property
+    def is_open(self) -> bool:
+        """Whether the session has not been shut down."""
+        return not self._closed
 
-    def detach(self) -> None:
-        """Turn the tee off for this session (it stops enqueuing at once)."""
+    # ------------------------------------------------------------------ lifecycle
+
+    def _detach(self) -> None:
+        """Turn the tee off if it points at this session (it stops enqueuing at once)."""
         if _caller.attached() is self.queue:
             _caller.attach(None)
 
     def shutdown(self, timeout_s: float) -> bool:
-        """Drain, then shut down the provider async_tee built, all within ``timeout_s``.
+        """Stop teeing, drain, then shut down the provider async_tee built, within ``timeout_s``.
 
-        Half the budget at most goes to draining; the rest is the final export's.
+        Half the budget at most goes to draining; the rest is the final export's. The
+        session is closed for good: ``start_telemetry`` then starts a new one. A second
+        call returns True at once.
 
         Returns:
             Whether everything was delivered (see ``shutdown_telemetry``).
         """
-        self.detach()
+        if self._closed:
+            return True
+        self._closed = True
+        self._detach()
         deadline = time.monotonic() + max(0.0, timeout_s)
-        recorded = True
-        if self.worker is not None:
-            recorded = self.worker.stop(max(0.0, (deadline - time.monotonic()) / 2))
-            if self.steps is not None and not self.worker.thread.is_alive():
-                self.steps.close()  # the last step completes; the final export carries it
-        return self._shutdown_provider(deadline) and recorded
+        recorded = self.worker.stop(max(0.0, (deadline - time.monotonic()) / 2))
+        if not self.worker.thread.is_alive():
+            self.steps.close()  # the last step completes; the final export carries it
+        delivered = self._shutdown_provider(deadline) and recorded
+        self._signals.restore()  # what the session changed, where it still holds
+        return delivered
+
+    def release_signals(self) -> None:
+        """Restore the signal handlers where ours hold (shutdown can't off the main thread)."""
+        self._signals.restore()
 
     def _shutdown_provider(self, deadline: float) -> bool:
         """Shut down a provider async_tee built, within ``deadline`` even if the SDK is not."""
-        provider = self.meter_provider
-        if provider is None or not self.owns_provider:
+        built = self._built
+        if built is None:
             return True
+        provider = built.provider
         before = self.export_counts.totals()
         # Delivery needs evidence: the final export (made by provider.shutdown) succeeded. A
         # reader stuck in an earlier export never makes it, and then nothing was delivered.
-        pushes = any(name in ("otlp", "console") for name in self.settings.exporters)
+        pushes = any(EXPORTER_KINDS[state.name].pushed for state in self.exporters)
         outcome: list[bool] = []
 
         def run() -> None:
             try:
                 remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
-                provider.shutdown(timeout_millis=remaining_ms)  # type: ignore[attr-defined]
+                provider.shutdown(timeout_millis=remaining_ms)
                 outcome.append(True)
             except Exception:  # noqa: BLE001 - the SDK's shutdown can raise
                 warn_once("shutdown:provider", "async_tee: shutting down the MeterProvider failed")
@@ -193,8 +317,7 @@ class Pipeline:
         thread = threading.Thread(target=run, name="async-tee-shutdown", daemon=True)
         thread.start()
         thread.join(max(0.0, deadline - time.monotonic()))
-        if self._built is not None:
-            close_servers(self._built.servers)
+        close_servers(built.started.servers)
         after = self.export_counts.totals()
         exported = not pushes or after["success"] > before["success"]
         # An exporter that never started delivered nothing, whatever the others did.
@@ -208,49 +331,37 @@ class Pipeline:
 
     # ------------------------------------------------------------------ the worker's calls
 
-    def process(self, snapshot: Snapshot) -> None:
+    def _process(self, snapshot: Snapshot) -> None:
         """Record one snapshot (the worker's callback); a teed one passes the step clock."""
-        recorder, steps = self.recorder, self.steps
-        assert recorder is not None
-        assert steps is not None
         if len(snapshot) == 5:
             metrics, prefix, raw_step, finished, enqueued_ns = snapshot
+            steps = self.steps
             step = steps.usable(raw_step)  # a number or None, never an array to store
             steps.before(step, enqueued_ns)
             if metrics is not None:  # None: a bare end-of-step marker
-                recorder.tee(metrics, prefix, step)
+                self.recorder.tee(metrics, prefix, step)
             if finished:
                 steps.finished(step)
         else:
-            recorder.record(snapshot[0], snapshot[1])
+            self.recorder.record(snapshot[0], snapshot[1])
 
-    def after_drain(self) -> float | None:
-        """Let the step clock settle and export (the worker's callback after each drain).
+    def _after_drain(self) -> float | None:
+        """Let the step clock settle and export; seconds until it needs the worker again."""
+        return self.steps.tick()
 
-        Returns:
-            Seconds until the clock needs the worker again, or None.
-        """
-        return self.steps.tick() if self.steps is not None else None
-
-    def on_worker_death(self) -> None:
+    def _on_worker_death(self) -> None:
         """The worker's loop ended unstopped: stop enqueuing into a queue nobody drains."""
-        self.detach()
+        self._detach()
         warn_once(
             "worker:died",
             "async_tee: the worker stopped unexpectedly; the tee is off for this session "
             "(stats()['worker_died'], async_tee.worker.died)",
         )
 
-    def _record_step(self, step: float, completed_at: float) -> None:
-        """Record ``rl.step`` and ``rl.step.time`` for a step just completed."""
-        assert self.recorder is not None
-        self.recorder.record_step(step, completed_at)
-
-    def on_lag(self, lag_ms: float) -> None:
-        """Record one snapshot's enqueue-to-record lag (the worker's callback)."""
-        if self.instruments is not None:
-            self._lag_values[_series.LAG_KEY] = lag_ms
-            self.instruments.record(_series.SELF_METRIC_GROUP, self._lag_values)
+    def _on_lag(self, lag_ms: float) -> None:
+        """Record one drain's enqueue-to-record lag."""
+        self._lag_values[_series.LAG_KEY] = lag_ms
+        self.instruments.record(_series.SELF_METRIC_GROUP, self._lag_values)
 
     # ------------------------------------------------------------------ reading it
 
@@ -258,30 +369,30 @@ class Pipeline:
     def is_exporting(self) -> bool:
         """Whether the tee is live and has somewhere to export.
 
-        False before start, while disabled, on a rank ``ASYNC_TEE_EXPORT_RANKS`` leaves
-        out, after shutdown, and when every exporter asked for failed to start (the tee
-        still records then, so ``stats()`` counts on; nothing leaves the process).
+        False after shutdown, when the worker died, and when every exporter asked for
+        failed to start (the tee still records then, so ``stats()`` counts on; nothing
+        leaves the process).
         """
-        live = self.queue is not None and _caller.attached() is self.queue
+        live = _caller.attached() is self.queue
         exporters = self.exporters
         return live and (not exporters or any(state.started for state in exporters))
 
     @property
-    def exporters(self) -> list[ExporterState]:
+    def exporters(self) -> Sequence[ExporterState]:
         """Each exporter async_tee was asked to build, and whether it started.
 
         Empty for a provider passed in, and for ``OTEL_METRICS_EXPORTER=none``.
         """
-        return list(self._built.exporters) if self._built is not None else []
+        return self._built.exporters if self._built is not None else []
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
-        """``(host, port)`` the Prometheus exporter serves ``/metrics`` on, if it started.
+        """``(host, port)`` a pulled exporter (Prometheus) serves ``/metrics`` on, if it started.
 
         With port 0 this is the port the system chose.
         """
         for state in self.exporters:
-            if state.name == "prometheus" and state.started:
+            if not EXPORTER_KINDS[state.name].pushed and state.started:
                 host, _, port = state.where.rpartition(":")
                 return host, int(port)
         return None
@@ -289,8 +400,7 @@ class Pipeline:
     @property
     def threads(self) -> list[threading.Thread]:
         """The threads this session started: the worker, the provider's readers, servers."""
-        found = [self.worker.thread] if self.worker is not None else []
-        return found + (self._built.threads if self._built is not None else [])
+        return [self.worker.thread] + (self._built.threads if self._built is not None else [])
 
     def flush_and_export(self, timeout_s: float) -> bool:
         """Record everything queued, then export it now, all within ``timeout_s``.
@@ -307,76 +417,67 @@ class Pipeline:
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every snapshot put before this call is recorded (see ``flush``)."""
-        return True if self.worker is None else self.worker.flush(timeout_s)
+        return self.worker.flush(timeout_s)
 
     async def aflush(self, timeout_s: float) -> bool:
         """``flush`` for a coroutine: awaits instead of blocking its loop."""
-        return True if self.worker is None else await self.worker.aflush(timeout_s)
+        return await self.worker.aflush(timeout_s)
 
     def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
         """This session's figures (see ``async_tee.stats``); the lag sort is optional."""
-        worker, queue, instruments = self.worker, self.queue, self.instruments
-        counts = worker.counts if worker is not None else None
+        worker, queue = self.worker, self.queue
+        counts = worker.counts
         # A dict whose snapshot failed on the caller's side was handed over and dropped.
-        snapshot_failures = queue.caller_errors if queue is not None else 0
-        enqueued = (queue.enqueued() if queue is not None else 0) + snapshot_failures
+        snapshot_failures = queue.caller_errors
+        enqueued = queue.enqueued() + snapshot_failures
         dropped_by_reason = {
-            "overflow": counts.overflow if counts else 0,
-            "error": counts.errors if counts else 0,
-            "shutdown": counts.shutdown if counts else 0,
+            "overflow": counts.overflow,
+            "error": counts.errors,
+            "shutdown": counts.shutdown,
             "snapshot": snapshot_failures,
         }
         dropped = sum(dropped_by_reason.values())
-        recorded = counts.recorded if counts else 0
-        lags = sorted(worker.lags_ms) if worker is not None and lag_percentiles else []
+        lags = sorted(worker.lags_ms) if lag_percentiles else []
 
         def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
             return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
 
-        rc = instruments.counts if instruments is not None else None
+        rc: RegistryCounts = self.instruments.counts
         return {
             "enqueued": enqueued,
-            "recorded": recorded,
+            "recorded": counts.recorded,
             "dropped": dropped,
-            "pending": enqueued - recorded - dropped,
-            "capacity": queue.capacity if queue is not None else 0,
+            "pending": enqueued - counts.recorded - dropped,
+            "capacity": queue.capacity,
             "dropped_by_reason": dropped_by_reason,
             "lag_ms": {
                 "p50": pick(0.5),
                 "p99": pick(0.99),
-                "max": worker.max_lag_ms if worker is not None else 0.0,
+                "max": worker.max_lag_ms,
                 "samples": len(lags),
             },
             "values_skipped": {
-                "non_finite": rc.non_finite if rc else 0,
-                "rejected": rc.rejected if rc else 0,
-                "cardinality": rc.cardinality if rc else 0,
+                "non_finite": rc.non_finite,
+                "rejected": rc.rejected,
+                "cardinality": rc.cardinality,
             },
-            "non_finite_by_series": dict(rc.non_finite_by_series) if rc else {},
-            "errors": {
-                "tee": queue.caller_errors if queue is not None else 0,
-                "registry": rc.errors if rc else 0,
-            },
+            "non_finite_by_series": dict(rc.non_finite_by_series),
+            "errors": {"tee": queue.caller_errors, "registry": rc.errors},
             "exports": self.export_counts.totals(),
             "exports_by_trigger": self.export_counts.snapshot(),
-            "steps": self._step_stats(),
+            "steps": self.steps.stats(),
             "exporting": self.is_exporting,
             "exporters": {state.name: state.as_dict() for state in self.exporters},
-            "ranks": {
-                **dataclasses.asdict(self.settings.ranks),
-                "export_ranks": self.settings.export_ranks,
-                "exports": self.settings.exports_from_this_rank,
-            },
-            "worker_died": int(worker is not None and worker.died),
+            "ranks": _ranks(self.settings),
+            "worker_died": int(worker.died),
             "export_thread_died": int(self._export_thread_died()),
         }
 
     def export_stats(self) -> dict[str, Any]:
         """``stats()`` as the ``async_tee.*`` callbacks read it: one snapshot per collection.
 
-        A collection runs a dozen self-series callbacks in a row; each used to compute the
-        whole ``stats()`` (~60 µs each, most of a collection's own cost). The snapshot is
-        taken by the first and reused by the rest: until async_tee's reader starts its next
+        A collection runs a dozen self-series callbacks in a row; the snapshot is taken by
+        the first and reused by the rest, until async_tee's reader starts its next
         collection, or for ``SNAPSHOT_TTL_S`` for a collection it did not start.
         """
         snapshot, collection = self._snapshot, self.export_counts.collections
@@ -396,46 +497,37 @@ class Pipeline:
         readers = self._built.push_readers if self._built is not None else []
         return any(not r.thread.is_alive() and not r.stopped for r in readers)
 
-    def _step_stats(self) -> dict[str, Any]:
-        steps = self.steps
-        reader = self._built.step_reader if self._built is not None else None
-        superseded = reader.superseded if reader is not None else 0
-        return {
-            "last": steps.last if steps is not None else None,
-            "completed": steps.completed if steps is not None else 0,
-            "exported": (steps.exported - superseded) if steps is not None else 0,
-            "coalesced": (steps.coalesced + superseded) if steps is not None else 0,
-            "unusable": steps.unusable if steps is not None else 0,
-        }
+    # ------------------------------------------------------------------ fork (_telemetry's hooks)
 
-    # ------------------------------------------------------------------ fork
-
-    def before_fork(self) -> None:
+    def _before_fork(self) -> None:
         """Let the worker finish its batch, so the child inherits no lock it holds."""
-        if self.worker is not None:
-            self.worker.busy.acquire(timeout=FORK_PAUSE_S)
+        self.worker.busy.acquire(timeout=FORK_PAUSE_S)
 
-    def after_fork_in_parent(self) -> None:
+    def _after_fork_in_parent(self) -> None:
         """Let the worker go on."""
-        if self.worker is not None and self.worker.busy.locked():
+        if self.worker.busy.locked():
             with contextlib.suppress(RuntimeError):
                 self.worker.busy.release()
 
-    def after_fork_in_child(self) -> None:
+    def _after_fork_in_child(self) -> bool:
         """Go on as the child's own session: a fresh queue, worker, counts and step memory.
 
         Nothing of the parent's queue is replayed, and the parent's last values were
         dropped with the registry's tables, so the child exports only what it records.
+
+        Returns:
+            Whether the child's worker runs (then ``_telemetry`` points the tee at it).
         """
-        _caller.attach(None)
-        if self.worker is None or self.recorder is None or self.instruments is None:
-            return
+        if self._closed:
+            return False
         self.instruments.counts = RegistryCounts()
         self.recorder.counted = CountedSteps()
         self.export_counts.reset()
         self._snapshot = None
         self.steps = self._new_step_clock()
         try:
-            self._start_worker()
+            self.queue, self.worker = self._new_worker()
+            return self.worker.start()
         except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
             warn_once("fork", "async_tee: could not restart the worker after fork")
+            return False

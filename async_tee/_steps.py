@@ -4,21 +4,24 @@ The Logger passes a step with every dict; the clock watches them on the worker, 
 each dict is recorded (docs/semantics.md §9). A step is complete when
 
 - a dict of a later step arrives (callers that never say when a step ends), or
-- a dict said ``step_finished=True`` and no further dict of that step arrived for
-  :data:`STEP_SETTLE_S` (the Logger's efficiency dict follows the finishing call), or
+- a dict said ``step_finished=True`` and no further dict of that step arrived for the
+  policy's settle time, or
 - the session ends.
 
 On completion the clock records ``rl.step`` and ``rl.step.time``; then, when a reader is
-driven by steps and ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` allows, it collects at once, while
-the tables hold exactly that step. Otherwise the step waits, still clean, until the
-interval allows (the worker wakes for it) or a dict of a later step arrives first, which
-folds it into a later export (counted in :attr:`StepClock.coalesced`). The interval is
-measured on the trainer's timeline (when the dicts were logged), not on the worker's:
-a worker that woke late must not fold steps that were logged far enough apart. Dicts of
-an older step, or of the same step after it completed, are recorded as they come and
-never start an export. A step that is not a finite real number (an array, an object whose comparison
-raises, NaN) counts as no step, for the counters' de-duplication too, and is never stored.
-Runs only on the worker thread; never raises.
+driven by steps and the policy's least interval allows, it collects at once, while the
+tables hold exactly that step. Otherwise the step waits, still clean, until the interval
+allows (the worker wakes for it) or a dict of a later step arrives first, which folds it
+into a later export. The interval is measured on the trainer's timeline (when the dicts
+were logged), not on the worker's: a worker that woke late must not fold steps that were
+logged far enough apart. Dicts of an older step, or of the same step after it completed,
+are recorded as they come and never start an export. A step that is not a finite real
+number counts as no step, for the counters' de-duplication too, and is never stored.
+
+The clock owns the step counts (completed, exported on their own, coalesced into a later
+export), including a collected step the reader replaced with a newer one before sending
+it. Its time comes from the injected ``monotonic_ns``, so its rules are tested without
+sleeping. Runs only on the worker thread; never raises.
 """
 
 from __future__ import annotations
@@ -26,16 +29,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from async_tee._policy import DEFAULT_POLICY, StepPolicy
 from async_tee._reporting import warn_once
 from async_tee.vocabulary import as_scalar
 
-if TYPE_CHECKING:
-    from async_tee._export import ExportingReader
 
-STEP_SETTLE_S = 0.1
-"""How long after a ``step_finished=True`` dict more dicts of that step may still arrive."""
+class StepReader(Protocol):
+    """What the clock needs of the reader it drives (``_export.ExportingReader``)."""
+
+    replaced: int
+    """Collected steps the reader replaced with a newer one before sending them."""
+
+    def collect_step(self) -> bool:
+        """Collect for a step export now; whether the collection succeeded."""
+
 
 _OPEN, _FINISHED, _COMPLETED = "open", "finished", "completed"
 
@@ -49,27 +58,37 @@ class StepClock:
         exported: Steps collected for an export of their own (the last one by the final
             export at shutdown).
         coalesced: Completed steps folded into a later export instead; with
-            ``exported`` they add up to ``completed`` once the session ended.
+            ``exported`` they add up to ``completed`` once the session ended
+            (:meth:`stats` also moves the steps the reader replaced from one to the other).
         unusable: Steps that were not finite real numbers, treated as no step.
     """
 
     def __init__(
         self,
         record: Callable[[float, float], None],
-        reader: ExportingReader | None = None,
-        settle_s: float = STEP_SETTLE_S,
+        reader: StepReader | None = None,
+        policy: StepPolicy = DEFAULT_POLICY,
+        *,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        wall_s: Callable[[], float] = time.time,
     ) -> None:
         """A clock before any step.
 
         Args:
             record: Records ``rl.step`` and ``rl.step.time`` for a completed step.
-            reader: The reader to collect for at each completed step, if any.
-            settle_s: How long a finished step waits for late dicts of its own.
+            reader: The reader to collect for at each completed step, if one is driven
+                by steps.
+            policy: The settle time and the least interval between step exports.
+            monotonic_ns: The trainer's clock (the dicts' enqueue times are on it).
+            wall_s: The wall clock ``rl.step.time`` is on.
         """
         self._record = record
         self._reader = reader
-        self._settle_ns = int(settle_s * 1e9)
-        self._min_interval_ns = int(reader.min_interval_s * 1e9) if reader is not None else 0
+        self._policy = policy
+        self._now_ns = monotonic_ns
+        self._wall_s = wall_s
+        self._settle_ns = policy.settle_ns
+        self._min_interval_ns = policy.min_interval_ns
         self._last_collect_ns = -(2**62)  # when the last step export's step completed
         self._step: float | None = None  # the newest step seen
         self._state = _COMPLETED
@@ -120,7 +139,7 @@ class StepClock:
         Returns:
             Seconds until the clock needs the worker again, or None.
         """
-        now = time.monotonic_ns()
+        now = self._now_ns()
         due: float | None = None
         if self._state == _FINISHED:
             settled_at = self._last_ns + self._settle_ns
@@ -142,7 +161,7 @@ class StepClock:
         """The session ends: complete the open step; the final export carries it."""
         carried = self._waiting
         if self._step is not None and self._state != _COMPLETED:
-            self._complete(time.monotonic_ns(), collect=False)
+            self._complete(self._now_ns(), collect=False)
             carried = True
         if carried and self._reader is not None:
             self.exported += 1  # the final export carries it
@@ -155,7 +174,7 @@ class StepClock:
         self._state = _COMPLETED
         self.completed += 1
         self.last = step
-        wall = time.time() - (time.monotonic_ns() - self._last_ns) / 1e9
+        wall = self._wall_s() - (self._now_ns() - self._last_ns) / 1e9
         try:
             self._record(step, wall)
         except Exception:  # noqa: BLE001 - never raise into the worker
@@ -170,10 +189,24 @@ class StepClock:
     def _try_collect(self, at_ns: int) -> bool:
         """Collect the waiting step if ``at_ns`` is far enough from the last step export."""
         reader = self._reader
-        if reader is None or at_ns < self._last_collect_ns + self._min_interval_ns:
+        if reader is None or not self._policy.may_collect(at_ns, self._last_collect_ns):
             return False
         self._waiting = False
         self._last_collect_ns = at_ns
         if reader.collect_step():
             self.exported += 1
         return True
+
+    def stats(self) -> dict[str, Any]:
+        """The step counts as ``stats()["steps"]`` reports them.
+
+        A step the reader replaced before sending it was folded into the newer one.
+        """
+        replaced = self._reader.replaced if self._reader is not None else 0
+        return {
+            "last": self.last,
+            "completed": self.completed,
+            "exported": self.exported - replaced,
+            "coalesced": self.coalesced + replaced,
+            "unusable": self.unusable,
+        }

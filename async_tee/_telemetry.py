@@ -1,9 +1,11 @@
-"""The session functions: start, flush, stats and shutdown, thin over the active ``Pipeline``.
+"""The session functions: start, flush, stats and shutdown, thin over the running ``Pipeline``.
 
-``start_telemetry`` creates a :class:`~async_tee._pipeline.Pipeline` and makes it active;
+``start_telemetry`` opens a :class:`~async_tee._pipeline.Pipeline`, registers it as the
+running session and points the tee at its queue: this module alone does both.
 ``shutdown_telemetry`` ends it, within one deadline whatever the collector does, and also
-runs at interpreter exit with ``ASYNC_TEE_SHUTDOWN_TIMEOUT``. After ``os.fork()`` the
-active pipeline goes on in the child with a fresh queue and worker of its own
+runs at interpreter exit with ``ASYNC_TEE_SHUTDOWN_TIMEOUT``. A session shut down by any
+path (``Pipeline.shutdown``, a signal) is never handed out again. After ``os.fork()`` the
+running session goes on in the child with a fresh queue and worker of its own
 (docs/semantics.md §7).
 """
 
@@ -16,32 +18,32 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _series
+from async_tee import _caller, _series
 from async_tee._declarations import DECLARATIONS
-from async_tee._pipeline import Pipeline
+from async_tee._pipeline import NO_SESSION, DisabledSession, Pipeline
 from async_tee._reporting import logger, warn_once
 from async_tee._selfmetrics import self_metric_specs
-from async_tee._signals import SignalFlush
-from async_tee.config import Settings, load_settings
+from async_tee.config import load_settings
 from async_tee.registry import register_metric_group
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
 # The session state of the process, and why each is module-level:
-_ACTIVE: Pipeline | None = None  # the running session: flush/stats/shutdown act on it
-_LAST: Pipeline | None = None  # the last session started: stats() still reads it after shutdown
+_ACTIVE: Pipeline | None = None  # the running session: flush/shutdown act on it while it is open
+_LAST: Pipeline | DisabledSession = NO_SESSION  # the last session started: what stats() reads
 _LIFECYCLE = threading.RLock()  # start/shutdown/fork only; never taken by the tee or worker
 _HOOKS_INSTALLED = False  # atexit and fork hooks are installed once per process
 
 
 def active() -> Pipeline | None:
-    """The running session, or None."""
-    return _ACTIVE
+    """The running session, or None (also once it was shut down, by whatever path)."""
+    pipeline = _ACTIVE
+    return pipeline if pipeline is not None and pipeline.is_open else None
 
 
-def last() -> Pipeline | None:
-    """The running session, or the last one that ran (what ``stats()`` reads)."""
+def last() -> Pipeline | DisabledSession:
+    """The running session, or the last one that started (what ``stats()`` reads)."""
     return _LAST
 
 
@@ -71,14 +73,15 @@ def start_telemetry(
     queue_size: int | None = None,
     drain_interval_s: float | None = None,
     shutdown_timeout_s: float | None = None,
-) -> Pipeline:
+) -> Pipeline | DisabledSession:
     """Start mirroring: adopt ``meter_provider`` or build one from the ``OTEL_*`` variables.
 
     Closes metric declarations: every module that declares rows must be imported first.
     Explicit arguments beat the environment. A second call while running returns the
-    running session. With ``ASYNC_TEE_ENABLED=0`` (or ``OTEL_SDK_DISABLED=true``) nothing
-    starts and the session's ``is_exporting`` is False. Any failure to build the provider
-    is warned once and leaves the tee a no-op: this never raises into training.
+    running session; once that was shut down, by any path, a call starts a new one. With
+    ``ASYNC_TEE_ENABLED=0`` (or ``OTEL_SDK_DISABLED=true``) nothing starts and the
+    session's ``is_exporting`` is False. Any failure to build the provider is warned once
+    and leaves the tee a no-op: this never raises into training.
 
     Args:
         meter_provider: A provider you own and will shut down yourself; async_tee only
@@ -90,8 +93,9 @@ def start_telemetry(
         shutdown_timeout_s: Overrides ``ASYNC_TEE_SHUTDOWN_TIMEOUT`` (the exit hook's).
 
     Returns:
-        The session (:class:`Pipeline`): ``is_exporting``, ``settings``, ``meter``,
-        ``threads``, ``stats()``.
+        The running session (:class:`Pipeline`): ``is_exporting``, ``settings``, ``meter``,
+        ``threads``, ``stats()``; or, when nothing started (disabled, a rank that does not
+        export, a failed start), a :class:`DisabledSession` with the same reading side.
 
     Raises:
         RuntimeError: Telemetry is already running with a different provider.
@@ -100,20 +104,21 @@ def start_telemetry(
     global _ACTIVE, _LAST
     overrides = _checked_overrides(queue_size, drain_interval_s, shutdown_timeout_s)
     with _LIFECYCLE:
-        if _ACTIVE is not None:
-            if meter_provider is not None and meter_provider is not _ACTIVE.meter_provider:
+        running = active()
+        if running is not None:
+            if meter_provider is not None and meter_provider is not running.meter_provider:
                 raise RuntimeError(
                     "async_tee telemetry is already running with another MeterProvider; "
                     "call async_tee.shutdown_telemetry() first"
                 )
-            return _ACTIVE
+            return running
         settings = dataclasses.replace(load_settings(environ), **overrides)
-        if _LAST is not None and _LAST.signals is not None:
-            _LAST.signals.restore()  # if its shutdown ran off the main thread, it could not
-        pipeline = _LAST = Pipeline(settings, meter_provider)
+        if isinstance(_LAST, Pipeline):
+            _LAST.release_signals()  # if its shutdown ran off the main thread, it could not
+        _ACTIVE, _LAST = None, DisabledSession(settings)
         if not settings.enabled:
             logger.info("async_tee: disabled (ASYNC_TEE_ENABLED / OTEL_SDK_DISABLED)")
-            return pipeline
+            return _LAST
         if not settings.exports_from_this_rank:
             logger.info(
                 "async_tee: rank %s (local rank %s) does not export (ASYNC_TEE_EXPORT_RANKS=%s)",
@@ -121,24 +126,19 @@ def start_telemetry(
                 settings.ranks.local_rank,
                 settings.export_ranks,
             )
-            return pipeline  # nothing starts: no thread, no hook, the tee stays a no-op
+            return _LAST  # nothing starts: no thread, no hook, the tee stays a no-op
         _install_hooks()
         try:
             if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
                 # Once per process, like every group: its callbacks read the session now
                 # running (or the last one), whichever meter they were created on.
                 register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs(_export_stats))
-            started = pipeline.start()
+            pipeline = Pipeline.open(settings, meter_provider)
         except Exception:  # noqa: BLE001 - a bad exporter setting must not stop training
             warn_once("start", "async_tee: could not start telemetry; the tee stays a no-op")
-            started = False
-        if not started:
-            return pipeline
-        _ACTIVE = pipeline
-        pipeline.signals = SignalFlush(
-            shutdown_telemetry, pipeline.flush_and_export, settings.shutdown_timeout_s
-        )
-        pipeline.signals.install(settings.flush_signals)
+            return _LAST
+        _ACTIVE = _LAST = pipeline
+        _caller.attach(pipeline.queue, pipeline.read_keys)
         logger.info("async_tee: telemetry started: %s", settings.describe())
         return pipeline
 
@@ -152,7 +152,7 @@ def flush(timeout_s: float = 5.0) -> bool:
         True when everything was recorded within ``timeout_s`` (or telemetry is off).
     """
     try:
-        pipeline = _ACTIVE
+        pipeline = active()
         return True if pipeline is None else pipeline.flush(timeout_s)
     except Exception:  # noqa: BLE001 - never raise into the caller
         warn_once("flush", "async_tee: flush failed")
@@ -167,7 +167,7 @@ async def aflush(timeout_s: float = 5.0) -> bool:
         (or telemetry is off). Never raises.
     """
     try:
-        pipeline = _ACTIVE
+        pipeline = active()
         return True if pipeline is None else await pipeline.aflush(timeout_s)
     except Exception:  # noqa: BLE001 - never raise into the caller
         warn_once("aflush", "async_tee: aflush failed")
@@ -200,13 +200,14 @@ def stats() -> dict[str, Any]:
 
 
 def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
-    pipeline = _LAST
+    session = _LAST
     try:
-        if pipeline is not None:
-            return pipeline.stats(lag_percentiles) if lag_percentiles else pipeline.export_stats()
+        if isinstance(session, Pipeline) and not lag_percentiles:
+            return session.export_stats()
+        return session.stats(lag_percentiles)
     except Exception:  # noqa: BLE001 - observability must not break the observed
         warn_once("stats", "async_tee: computing stats failed")
-    return Pipeline(Settings()).stats()  # no session yet: every figure is zero
+    return NO_SESSION.stats()
 
 
 def _export_stats() -> dict[str, Any]:
@@ -231,16 +232,12 @@ def shutdown_telemetry(timeout_s: float | None = None) -> bool:
     global _ACTIVE
     try:
         with _LIFECYCLE:
-            pipeline = _ACTIVE
+            pipeline = active()
+            _ACTIVE = None
             if pipeline is None:
                 return True
-            _ACTIVE = None
-            pipeline.detach()
         budget = pipeline.settings.shutdown_timeout_s if timeout_s is None else timeout_s
-        delivered = pipeline.shutdown(budget)
-        if pipeline.signals is not None:
-            pipeline.signals.restore()  # what the session changed, where it still holds
-        return delivered
+        return pipeline.shutdown(budget)
     except Exception:  # noqa: BLE001 - shutdown runs at exit: it must not raise
         warn_once("shutdown", "async_tee: shutdown failed")
         return False
@@ -250,33 +247,37 @@ def end_and_forget(timeout_s: float) -> None:
     """Shut the running session down and forget the last one (``stats()`` reads zeros)."""
     global _LAST
     shutdown_telemetry(timeout_s)
-    if _LAST is not None and _LAST.signals is not None:
-        _LAST.signals.restore()
-    _LAST = None
+    if isinstance(_LAST, Pipeline):
+        _LAST.release_signals()
+    _LAST = NO_SESSION
 
 
 def _shutdown_at_exit() -> None:
     shutdown_telemetry()
 
 
+# The running session's fork hooks are called by these alone (os.register_at_fork's).
+
+
 def _before_fork() -> None:
-    pipeline = _ACTIVE
+    pipeline = active()
     if pipeline is not None:
-        pipeline.before_fork()
+        pipeline._before_fork()
 
 
 def _after_fork_in_parent() -> None:
-    pipeline = _ACTIVE
+    pipeline = active()
     if pipeline is not None:
-        pipeline.after_fork_in_parent()
+        pipeline._after_fork_in_parent()
 
 
 def _after_fork_in_child() -> None:
     global _LIFECYCLE
     _LIFECYCLE = threading.RLock()
-    pipeline = _ACTIVE
-    if pipeline is not None:
-        pipeline.after_fork_in_child()
+    _caller.attach(None)  # the parent's queue: nobody drains it here
+    pipeline = active()
+    if pipeline is not None and pipeline._after_fork_in_child():
+        _caller.attach(pipeline.queue, pipeline.read_keys)
 
 
 def _install_hooks() -> None:

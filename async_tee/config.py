@@ -8,7 +8,6 @@ its type, default and unit (the README carries the same table).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
@@ -16,8 +15,11 @@ import socket
 from collections.abc import Mapping
 from urllib.parse import unquote
 
+from async_tee._exporters import EXPORTER_KINDS
 from async_tee._launcher import LauncherRanks, launcher_ranks
 from async_tee._reporting import warn_once
+from async_tee._settings import DEFAULT_GRPC_ENDPOINT, DEFAULT_PROMETHEUS_PORT
+from async_tee._settings import Settings as Settings
 
 ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
 """bool, default true: false (``0``, ``false``, ``no``, ``off``) makes everything a no-op."""
@@ -27,7 +29,8 @@ ASYNC_TEE_QUEUE_SIZE = "ASYNC_TEE_QUEUE_SIZE"
 
 ASYNC_TEE_DRAIN_INTERVAL = "ASYNC_TEE_DRAIN_INTERVAL"
 """float seconds, default 0.05: the shortest the worker sleeps between drains (while dicts
-arrive it sleeps until ~32 are due, up to the least time between step exports)."""
+arrive it sleeps until ``_worker.WAKE_TARGET`` are due, up to the least time between step
+exports)."""
 
 ASYNC_TEE_SHUTDOWN_TIMEOUT = "ASYNC_TEE_SHUTDOWN_TIMEOUT"
 """float seconds, default 5.0: the one deadline for draining and shutting down at exit."""
@@ -88,10 +91,10 @@ OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
 RUN_ID_ATTRIBUTE = "rl.run.id"
 """The resource attribute naming the run (``run_id``)."""
 
-EXPORTERS = ("otlp", "prometheus", "console", "none")
+EXPORTERS = (*EXPORTER_KINDS, "none")
+"""What ``OTEL_METRICS_EXPORTER`` may name: each exporter of the table, or ``none``."""
 PROTOCOLS = ("grpc", "http/protobuf")
 COMPRESSIONS = ("none", "gzip", "deflate")
-DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 # Python's OTLP exporters read the timeout in seconds where the OTel spec says
@@ -100,7 +103,6 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 _MILLISECONDS_THRESHOLD = 1000.0
 
 EXPORT_RANKS = ("all", "0", "local0")
-DEFAULT_PROMETHEUS_PORT = 9464
 
 _RANK_ATTRIBUTES = (
     ("rank", "rl.rank"),
@@ -108,55 +110,6 @@ _RANK_ATTRIBUTES = (
     ("world_size", "rl.world_size"),
     ("node_rank", "rl.node_rank"),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The effective configuration; see the constants above for each field's variable."""
-
-    enabled: bool = True
-    queue_size: int = 1024
-    drain_interval_s: float = 0.05
-    shutdown_timeout_s: float = 5.0
-    max_attribute_sets: int = 512
-    flush_signals: tuple[str, ...] = ("TERM",)
-    step_export: bool = True
-    min_export_interval_s: float = 1.0
-    exporters: tuple[str, ...] = ("otlp",)
-    otlp_protocol: str = "grpc"
-    otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
-    otlp_headers: tuple[tuple[str, str], ...] = ()
-    otlp_timeout_s: float = 10.0
-    otlp_compression: str = "none"
-    otlp_insecure: bool | None = None
-    export_interval_ms: float = 60_000.0
-    export_timeout_ms: float = 30_000.0
-    prometheus_host: str = "127.0.0.1"
-    prometheus_port: int = DEFAULT_PROMETHEUS_PORT
-    prometheus_base_port: int | None = DEFAULT_PROMETHEUS_PORT
-    resource_attributes: tuple[tuple[str, str | int], ...] = ()
-    ranks: LauncherRanks = dataclasses.field(default_factory=LauncherRanks)
-    export_ranks: str = "all"
-
-    @property
-    def exports_from_this_rank(self) -> bool:
-        """Whether ``export_ranks`` lets this process start telemetry.
-
-        No launcher rank counts as rank 0; for ``local0``, no local rank counts as local
-        rank 0 only on global rank 0 (or with no rank at all).
-        """
-        rank, local_rank = self.ranks.rank, self.ranks.local_rank
-        if self.export_ranks == "0":
-            return rank in (None, 0)
-        if self.export_ranks == "local0":
-            return local_rank == 0 or (local_rank is None and rank in (None, 0))
-        return True
-
-    def describe(self) -> str:
-        """One line for the log, headers' values redacted."""
-        fields = dataclasses.asdict(self)
-        fields["otlp_headers"] = [name for name, _ in self.otlp_headers]
-        return " ".join(f"{name}={value!r}" for name, value in fields.items())
 
 
 def _warn_malformed(name: str, raw: str, default: object) -> None:

@@ -254,7 +254,7 @@ class Session:
 def pipeline(port: int, queue_size: int | None = None) -> Iterator[Session]:
     """The real pipeline exporting to ``port``; shut down, joined and reset afterwards."""
     handle = async_tee.start_telemetry(environ=otlp_environ(port), queue_size=queue_size)
-    if not handle.is_exporting:
+    if not isinstance(handle, async_tee.Pipeline) or not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
     running = Session(handle, handle.threads)
     try:

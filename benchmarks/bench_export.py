@@ -318,7 +318,7 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
     logger = async_tee.Logger()
     environ = environ_for(mode, step_s, port)
     handle = async_tee.start_telemetry(environ=environ)
-    if not handle.is_exporting:
+    if not isinstance(handle, async_tee.Pipeline) or not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
     threads = list(handle.threads)
     worker, exporter = _thread(threads, WORKER), _thread(threads, EXPORTER)

@@ -147,7 +147,7 @@ def filter_above(value: int | None) -> Iterator[None]:
         _caller.FILTER_ABOVE = shipped
 
 
-def stop_session(handle: async_tee.Pipeline) -> bool:
+def stop_session(handle: async_tee.Pipeline | async_tee.DisabledSession) -> bool:
     """Shut telemetry down (``STOP_S``), join its threads, and reset the declarations."""
     threads = handle.threads
     ok = async_tee.shutdown_telemetry(STOP_S)

@@ -13,6 +13,8 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+import async_tee
+
 FIXTURE = Path(__file__).parent / "fixtures" / "grpo_step.json"
 
 Point = tuple[str, frozenset[tuple[str, Any]]]
@@ -55,3 +57,9 @@ def units(reader: InMemoryMetricReader) -> dict[str, tuple[str, str]]:
             for metric in scope_metrics.metrics:
                 out[metric.name] = (metric.unit or "", type(metric.data).__name__)
     return out
+
+
+def running(session: object) -> async_tee.Pipeline:
+    """``session`` as the running ``Pipeline`` it must be (a disabled one fails the test)."""
+    assert isinstance(session, async_tee.Pipeline), session
+    return session

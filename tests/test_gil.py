@@ -128,10 +128,9 @@ def test_the_lag_histogram_gets_one_observation_a_batch_and_stats_every_dict(pro
 class CountingReader:
     """Stands in for the exporting reader beside the step clock: counts what it is asked."""
 
-    min_interval_s = 1.0
-
     def __init__(self) -> None:
         self.collections = 0
+        self.replaced = 0
 
     def collect_step(self) -> bool:
         self.collections += 1
@@ -139,10 +138,11 @@ class CountingReader:
 
 
 def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
+    from async_tee._policy import StepPolicy
     from async_tee._steps import StepClock
 
     reader = CountingReader()
-    clock = StepClock(lambda step, at: None, reader)  # type: ignore[arg-type]
+    clock = StepClock(lambda step, at: None, reader, StepPolicy(min_interval_s=1.0))
     now = time.monotonic_ns()
     clock.before(1.0, now - 200_000_000)  # step 1 finished 0.2 s ago: settled
     clock.finished(1.0)

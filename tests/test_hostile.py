@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import collect
+from helpers import collect, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
@@ -143,7 +143,7 @@ def test_a_dict_that_fails_to_copy_is_counted_as_dropped(provider, reader, logs)
 
 
 def test_a_worker_that_dies_says_so_and_the_tee_stops_enqueuing(provider, monkeypatch, logs):
-    session = async_tee.start_telemetry(provider)
+    session = running(async_tee.start_telemetry(provider))
 
     def die(self: Worker) -> None:
         raise SystemExit("the loop's own code failed")  # no caller can cause this: injected
@@ -234,7 +234,7 @@ _CALLS = st.lists(st.tuples(_METRICS, _PREFIXES, _STEPS, st.booleans()), min_siz
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # 10,000 examples: ~70 s, ~2.5 min under coverage on a slow host
 def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(provider, reader):
-    session = async_tee.start_telemetry(provider)
+    session = running(async_tee.start_telemetry(provider))
     examples = [0]
 
     @settings(

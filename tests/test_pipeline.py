@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from helpers import collect
+from helpers import collect, running
 
 import async_tee
 from async_tee.sink import black_hole
@@ -240,7 +240,7 @@ def test_flush_and_shutdown_from_the_worker_thread_do_not_deadlock(provider, rea
     handler = CallsBack(level=logging.WARNING)
     logging.getLogger("async_tee").addHandler(handler)
     try:
-        pipeline = async_tee.start_telemetry(provider)
+        pipeline = running(async_tee.start_telemetry(provider))
         # A negative counter delta makes the worker warn: the handler runs on the worker.
         async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": -5.0}, "train", 1)
         deadline = time.monotonic() + BOUND_S
@@ -422,7 +422,7 @@ async def test_aflush_awaits_without_blocking_the_callers_loop(provider, reader)
 
 @pytest.mark.asyncio
 async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
-    worker = async_tee.start_telemetry(provider).worker
+    worker = running(async_tee.start_telemetry(provider)).worker
     assert worker is not None
     with worker.busy:  # hold the worker inside its batch: nothing can be recorded
         async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1)
@@ -434,10 +434,29 @@ async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
 def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
     # Each timer wake costs CPU (and a GIL hand-off) even with nothing to do: idle, the
     # worker doubles its sleep up to 1 s. At a fixed 10 ms it would wake ~100 times here.
-    worker = async_tee.start_telemetry(provider, drain_interval_s=0.01).worker
+    worker = running(async_tee.start_telemetry(provider, drain_interval_s=0.01)).worker
     assert worker is not None
     time.sleep(1.0)  # measuring idleness itself, not waiting for work to finish
     idle_wakes = worker.wakes
     assert idle_wakes <= 15, idle_wakes
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
     assert async_tee.flush(BOUND_S)  # a flush still reaches a backed-off worker at once
+
+
+def test_a_running_and_an_idle_session_report_the_same_figures(provider):
+    from async_tee._pipeline import NO_SESSION
+
+    session = async_tee.start_telemetry(provider)
+    running = session.stats()
+
+    def shape(d):
+        return {
+            k: shape(v) if isinstance(v, dict) and k not in EMPTY_TABLES else None
+            for k, v in d.items()
+        }
+
+    assert shape(running) == shape(NO_SESSION.stats())
+    assert async_tee.shutdown_telemetry(5)
+
+
+EMPTY_TABLES = ("non_finite_by_series", "exporters")

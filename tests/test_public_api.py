@@ -148,9 +148,9 @@ def test_seed_private_tee_functions_record_synchronously_into_any_meter(provider
 
 
 def test_seed_private_tee_uses_the_running_sessions_recorder(provider, reader):
-    from helpers import collect
+    from helpers import collect, running
 
-    pipeline = async_tee.start_telemetry(provider)
+    pipeline = running(async_tee.start_telemetry(provider))
     metrics.create_rl_metric_instruments()
     for _ in range(2):  # the session's recorder remembers the step: counted once
         metrics._tee_rl_metrics_to_otel({"vllm/prompt_tokens": 4.0}, "train", 9)

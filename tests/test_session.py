@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import collect
+from helpers import collect, running
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -141,7 +141,7 @@ def test_both_enqueue_paths_wake_the_worker_at_high_water(provider, enqueue):
 
     register_recorded_metrics([RecordedMetric("rl.host.memory", unit="By")])
     # The worker's own timer would not fire for 30 s: only the high-water wake drains it.
-    pipeline = async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0)
+    pipeline = running(async_tee.start_telemetry(provider, queue_size=8, drain_interval_s=30.0))
     async_tee.tee_rl_metrics_to_otel({"reward": -1.0}, "train", -1)
     assert async_tee.flush(5)  # the worker has drained once and sleeps on its 30 s timer
     for step in range(6):  # the sixth put reaches three quarters of 8
@@ -155,3 +155,43 @@ def test_both_enqueue_paths_wake_the_worker_at_high_water(provider, enqueue):
     assert async_tee.stats()["recorded"] == 7
     assert pipeline.worker is not None
     assert pipeline.worker.wakes >= 2
+
+
+def test_a_session_shut_down_by_itself_is_never_handed_out_again(provider):
+    p = async_tee.start_telemetry(provider)
+    assert isinstance(p, async_tee.Pipeline)
+    assert p.shutdown(2)
+    assert not p.is_exporting
+    assert async_tee.flush(1)  # no running session: nothing to wait for
+    q = async_tee.start_telemetry(provider)
+    assert q is not p
+    assert isinstance(q, async_tee.Pipeline)
+    assert q.is_exporting
+    assert q.worker.thread.is_alive()
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
+    assert async_tee.flush(5)
+    assert async_tee.stats()["recorded"] == 1  # the new session's own count
+    assert async_tee.shutdown_telemetry(5)
+    assert p.shutdown(2)  # a second shutdown has nothing left to do
+
+
+def test_no_session_reads_zeros_from_a_constant():
+    from async_tee._pipeline import NO_SESSION
+    from async_tee._telemetry import end_and_forget
+
+    end_and_forget(1)
+    stats = async_tee.stats()
+    assert stats == NO_SESSION.stats()
+    assert stats["enqueued"] == stats["recorded"] == stats["dropped"] == 0
+    assert stats["exporting"] is False
+
+
+def test_a_disabled_session_has_the_reading_side_and_the_same_figures():
+    session = async_tee.start_telemetry(environ={"ASYNC_TEE_ENABLED": "0"})
+    assert not isinstance(session, async_tee.Pipeline)
+    assert not session.is_exporting
+    assert session.threads == []
+    assert session.flush(1)
+    assert session.shutdown(1)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)  # a no-op
+    assert async_tee.stats()["enqueued"] == 0

@@ -115,8 +115,8 @@ def _sink_environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
 def test_shutdown_restores_the_default_disposition(sink):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     session = async_tee.start_telemetry(environ=_sink_environ(sink))
-    assert session.signals is not None
-    assert signal.getsignal(signal.SIGTERM) == session.signals._handle
+    assert isinstance(session, async_tee.Pipeline)
+    assert signal.getsignal(signal.SIGTERM) == session._signals._handle
     assert async_tee.shutdown_telemetry(10)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 

@@ -199,7 +199,7 @@ def test_steps_one_interval_apart_do_not_race_the_periodic_export(sink):
 
 
 def test_the_period_waits_a_grace_after_a_step_export_only(sink):
-    from async_tee import _export
+    from async_tee._policy import BACKSTOP_GRACE
 
     async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
     pipeline = async_tee._telemetry.active()
@@ -209,7 +209,7 @@ def test_the_period_waits_a_grace_after_a_step_export_only(sink):
     reader._send(None, "interval")  # the exporter fails it: timing is all that is checked
     assert reader.period_due() == pytest.approx(reader._last_export + 60.0)
     reader._send(None, "step")
-    grace = 60.0 * (1 + _export.BACKSTOP_GRACE)
+    grace = 60.0 * (1 + BACKSTOP_GRACE)
     assert reader.period_due() == pytest.approx(reader._last_export + grace)
     async_tee.shutdown_telemetry(10)
 

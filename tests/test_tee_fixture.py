@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import collect, load_calls, units
+from helpers import collect, load_calls, running, units
 
 import async_tee
 from async_tee.sink import OtlpSink
@@ -192,7 +192,7 @@ def _sink_environ(sink: OtlpSink, protocol: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_fixture_over_real_otlp_reaches_the_receiver(sink, protocol):
-    handle = async_tee.start_telemetry(environ=_sink_environ(sink, protocol))
+    handle = running(async_tee.start_telemetry(environ=_sink_environ(sink, protocol)))
     assert handle.is_exporting
     assert handle.owns_provider
     run_fixture()

@@ -1,0 +1,228 @@
+"""The exporters ``OTEL_METRICS_EXPORTER`` may name, in one table: a new exporter is one row.
+
+Each row says how the exporter is built from ``Settings``, whether async_tee's exporting
+thread pushes it (its final export is the evidence behind "delivered") or a scraper pulls
+it, and whether it gets an export of each completed step (docs/semantics.md §9). The
+table is read by ``config`` (which names are valid), ``_provider`` (what to build) and the
+session (what "delivered" needs, where Prometheus serves). A builder never raises for a
+bad setting: it returns None and a failed :class:`ExporterState` naming the fix. The SDK
+and the exporters are imported inside the builders, so importing this module loads none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from async_tee._reporting import logger, warn_once
+from async_tee._settings import Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class ExporterState:
+    """One exporter ``OTEL_METRICS_EXPORTER`` asked for, and whether it started.
+
+    Attributes:
+        name: A row of :data:`EXPORTER_KINDS`.
+        started: Whether it runs. One that did not start never exports in this session.
+        where: Its endpoint, or the address it serves on (a port of 0 resolved).
+        error: Why it did not start, with the variable that fixes it; empty if it started.
+    """
+
+    name: str
+    started: bool
+    where: str
+    error: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        """The state as ``stats()["exporters"]`` reports it."""
+        return {
+            "state": "started" if self.started else "failed",
+            "where": self.where,
+            "error": self.error,
+        }
+
+
+@dataclasses.dataclass
+class Started:
+    """What building the exporters started that the provider's shutdown must stop."""
+
+    servers: list[Any] = dataclasses.field(default_factory=list)
+    threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+
+
+Build = Callable[[Settings, Started], tuple[Any, ExporterState]]
+"""A row's builder: the exporter (pushed rows) or the reader (pulled rows), or None."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExporterKind:
+    """One row of the table.
+
+    Attributes:
+        name: Its name in ``OTEL_METRICS_EXPORTER``.
+        pushed: async_tee's exporting thread sends its exports (``_export``); else a
+            scraper pulls them and "delivered" needs no export of ours.
+        step_export: It gets an export of each completed step (``ASYNC_TEE_STEP_EXPORT``).
+        build: Builds it from the settings.
+    """
+
+    name: str
+    pushed: bool
+    step_export: bool
+    build: Build
+
+
+def _failed(name: str, where: str, error: str) -> tuple[None, ExporterState]:
+    """An exporter that cannot start: one warning line naming the fix, the traceback at debug."""
+    warn_once(
+        f"exporter:{name}", "async_tee: %s exporter not started: %s", name, error, traceback=False
+    )
+    return None, ExporterState(name, False, where, error)
+
+
+def _endpoint_problem(settings: Settings) -> str | None:
+    """What is wrong with the OTLP endpoint, or None.
+
+    The SDK's exporters accept any string, then fail every export; this says why at start.
+    """
+    endpoint = settings.otlp_endpoint
+    has_scheme = "://" in endpoint
+    try:
+        parts = urlsplit(endpoint if has_scheme else f"//{endpoint}")  # gRPC takes host:port
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as exc:
+        return f"it is not a valid URL ({exc})"
+    if has_scheme and parts.scheme not in ("http", "https"):
+        return f"its scheme {parts.scheme!r} is not http or https"
+    if not has_scheme and settings.otlp_protocol != "grpc":
+        return "http/protobuf needs an http:// or https:// URL"
+    if not parts.hostname:
+        return "it names no host"
+    return None
+
+
+# OTEL_EXPORTER_OTLP_COMPRESSION's values, named as gRPC's enum names them. Passed to the
+# exporter explicitly, so start_telemetry(environ=...) is honoured (it reads os.environ).
+_GRPC_COMPRESSION = {"none": "NoCompression", "gzip": "Gzip", "deflate": "Deflate"}
+
+
+def _otlp_exporter(settings: Settings) -> Any:
+    headers = dict(settings.otlp_headers) or None
+    if settings.otlp_protocol == "grpc":
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        from async_tee._encode import sliced
+
+        insecure = settings.otlp_insecure
+        if insecure is None:
+            insecure = settings.otlp_endpoint.startswith("http://")
+        return sliced(OTLPMetricExporter)(
+            endpoint=settings.otlp_endpoint,
+            insecure=insecure,
+            headers=headers,
+            timeout=settings.otlp_timeout_s,
+            compression=getattr(grpc.Compression, _GRPC_COMPRESSION[settings.otlp_compression]),
+        )
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HTTPMetricExporter,
+    )
+
+    return HTTPMetricExporter(
+        endpoint=settings.otlp_endpoint,
+        headers=headers,
+        timeout=settings.otlp_timeout_s,
+        compression=Compression(settings.otlp_compression),
+    )
+
+
+def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
+    endpoint = settings.otlp_endpoint
+    problem = _endpoint_problem(settings)
+    if problem is not None:
+        fix = (
+            f"OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) is "
+            f"{endpoint!r}: {problem}; set it to a URL such as http://localhost:4317"
+        )
+        return _failed("otlp", endpoint, fix)
+    try:
+        exporter = _otlp_exporter(settings)
+    except Exception as exc:  # noqa: BLE001 - a bad setting must not stop training
+        fix = f"{type(exc).__name__}: {exc}; check the OTEL_EXPORTER_OTLP_* variables"
+        return _failed("otlp", endpoint, fix)
+    return exporter, ExporterState("otlp", True, endpoint)
+
+
+def _build_console(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    return ConsoleMetricExporter(), ExporterState("console", True, "stdout")
+
+
+def _port_fix(settings: Settings) -> str:
+    """The variable to change when this process's Prometheus port is taken or out of range."""
+    if settings.prometheus_base_port is None:
+        return (
+            "set OTEL_EXPORTER_PROMETHEUS_PORT to a free port (0: any free port), or unset it "
+            "and set ASYNC_TEE_PROMETHEUS_BASE_PORT so each local rank serves on base + "
+            "LOCAL_RANK"
+        )
+    return (
+        f"set ASYNC_TEE_PROMETHEUS_BASE_PORT (now {settings.prometheus_base_port}) to a "
+        "base with one free port per local rank after it (each serves on base + LOCAL_RANK), "
+        "or to 0 for any free port"
+    )
+
+
+def _build_prometheus(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
+    """Serve ``/metrics`` first, then make the reader: one that cannot serve is never made."""
+    host, port = settings.prometheus_host, settings.prometheus_port
+    where = f"{host}:{port}"
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+    except ImportError:
+        return _failed("prometheus", where, "it needs 'pip install async_tee[prometheus]'")
+    if port > 65535:
+        return _failed("prometheus", where, f"port {port} is past 65535; {_port_fix(settings)}")
+    try:
+        # prometheus_client binds 0.0.0.0 by default: bind loopback unless told otherwise.
+        server, thread = start_http_server(port, addr=host)  # prometheus_client >= 0.20
+    except OSError as exc:
+        why = f"cannot serve on {where} ({exc.strerror or exc}); {_port_fix(settings)}"
+        return _failed("prometheus", where, why)
+    started.servers.append(server)
+    started.threads.append(thread)
+    where = f"{host}:{server.server_address[1]}"  # port 0 resolved
+    logger.info("async_tee: serving Prometheus metrics on http://%s/metrics", where)
+    return PrometheusMetricReader(), ExporterState("prometheus", True, where)
+
+
+EXPORTER_KINDS: Mapping[str, ExporterKind] = MappingProxyType(
+    {
+        kind.name: kind
+        for kind in (
+            ExporterKind("otlp", pushed=True, step_export=True, build=_build_otlp),
+            ExporterKind("prometheus", pushed=False, step_export=False, build=_build_prometheus),
+            ExporterKind("console", pushed=True, step_export=False, build=_build_console),
+        )
+    }
+)
+"""Every exporter async_tee can build, by its ``OTEL_METRICS_EXPORTER`` name."""
+
+
+def close_servers(servers: list[Any]) -> None:
+    """Stop the HTTP servers the builders started. Never raises."""
+    while servers:
+        server = servers.pop()
+        try:
+            server.shutdown()
+            server.server_close()
+        except Exception:  # noqa: BLE001 - shutdown must not raise
+            warn_once("prometheus:close", "async_tee: closing the Prometheus server failed")

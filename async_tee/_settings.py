@@ -1,0 +1,62 @@
+"""The effective configuration of a session: one frozen value handed to every part.
+
+:mod:`async_tee.config` reads it from the environment and documents each variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from async_tee._launcher import LauncherRanks
+
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_PROMETHEUS_PORT = 9464
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The effective configuration; see the constants above for each field's variable."""
+
+    enabled: bool = True
+    queue_size: int = 1024
+    drain_interval_s: float = 0.05
+    shutdown_timeout_s: float = 5.0
+    max_attribute_sets: int = 512
+    flush_signals: tuple[str, ...] = ("TERM",)
+    step_export: bool = True
+    min_export_interval_s: float = 1.0
+    exporters: tuple[str, ...] = ("otlp",)
+    otlp_protocol: str = "grpc"
+    otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
+    otlp_headers: tuple[tuple[str, str], ...] = ()
+    otlp_timeout_s: float = 10.0
+    otlp_compression: str = "none"
+    otlp_insecure: bool | None = None
+    export_interval_ms: float = 60_000.0
+    export_timeout_ms: float = 30_000.0
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = DEFAULT_PROMETHEUS_PORT
+    prometheus_base_port: int | None = DEFAULT_PROMETHEUS_PORT
+    resource_attributes: tuple[tuple[str, str | int], ...] = ()
+    ranks: LauncherRanks = dataclasses.field(default_factory=LauncherRanks)
+    export_ranks: str = "all"
+
+    @property
+    def exports_from_this_rank(self) -> bool:
+        """Whether ``export_ranks`` lets this process start telemetry.
+
+        No launcher rank counts as rank 0; for ``local0``, no local rank counts as local
+        rank 0 only on global rank 0 (or with no rank at all).
+        """
+        rank, local_rank = self.ranks.rank, self.ranks.local_rank
+        if self.export_ranks == "0":
+            return rank in (None, 0)
+        if self.export_ranks == "local0":
+            return local_rank == 0 or (local_rank is None and rank in (None, 0))
+        return True
+
+    def describe(self) -> str:
+        """One line for the log, headers' values redacted."""
+        fields = dataclasses.asdict(self)
+        fields["otlp_headers"] = [name for name, _ in self.otlp_headers]
+        return " ".join(f"{name}={value!r}" for name, value in fields.items())

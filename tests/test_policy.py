@@ -1,0 +1,257 @@
+"""The step-export policy as a table of cases, on an injected clock: no sleeping, no threads.
+
+Each case feeds the step clock a timeline of dicts (when each was logged, of which step,
+whether it said ``step_finished``) and worker ticks, and checks what was exported. The
+reader's own rules (a newer step replaces the one waiting to be sent; the backstop waits
+a grace after a step export) run on the real ``ExportingReader`` with an exporter that
+blocks until released (an event, not a sleep), as the OTel SDK tests its reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+from async_tee._delivery import ExportCounts
+from async_tee._policy import BACKSTOP_GRACE, STEP_SETTLE_S, StepPolicy
+from async_tee._steps import StepClock
+
+MS = 1_000_000  # ns
+
+
+class FakeReader:
+    """Stands in for the exporting reader: records when the clock collected, and for what."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.collected_at: list[int] = []
+        self.replaced = 0
+
+    def collect_step(self) -> bool:
+        self.collected_at.append(self.clock.now)
+        return True
+
+
+@dataclasses.dataclass
+class FakeClock:
+    now: int = 10_000 * MS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A timeline: ("dict", at_ms, step, finished) and ("tick", at_ms) events, in order."""
+
+    name: str
+    events: tuple[tuple[Any, ...], ...]
+    exported_at_ms: tuple[int, ...]  # when (on the trainer's timeline) each step export ran
+    completed: int
+    coalesced: int
+    close: bool = False
+    min_interval_s: float = 1.0
+
+
+CASES = [
+    Case(
+        "complete by marker, after the settle time",
+        (("dict", 0, 1, False), ("dict", 10, 1, True), ("tick", 50), ("tick", 110)),
+        exported_at_ms=(110,),
+        completed=1,
+        coalesced=0,
+    ),
+    Case(
+        "settle: a late dict of the same step restarts the wait",
+        (("dict", 0, 1, True), ("dict", 80, 1, False), ("tick", 120), ("tick", 180)),
+        exported_at_ms=(180,),
+        completed=1,
+        coalesced=0,
+    ),
+    Case(
+        "complete by a later step (no marker, the seed's Logger)",
+        (("dict", 0, 1, False), ("tick", 500), ("dict", 2000, 2, False)),
+        exported_at_ms=(2000,),
+        completed=1,
+        coalesced=0,
+    ),
+    Case(
+        "coalesce: a step under the least interval is folded by the next one",
+        (
+            ("dict", 0, 1, False),
+            ("dict", 2000, 2, False),  # step 1 completes and is exported at 2000
+            ("dict", 2300, 3, False),  # step 2 completes 0.3 s later: waits
+            ("dict", 2600, 4, False),  # step 3 dirties the tables: step 2 is folded
+        ),
+        exported_at_ms=(2000,),
+        completed=3,
+        coalesced=2,
+    ),
+    Case(
+        "a waiting step is collected when the interval allows, on the worker's tick",
+        (
+            ("dict", 0, 1, False),
+            ("dict", 2000, 2, True),
+            ("tick", 2150),  # step 2 settled but only 0.15 s after step 1's export
+            ("tick", 3000),  # the interval allows: collected now
+        ),
+        exported_at_ms=(2000, 3000),
+        completed=2,
+        coalesced=0,
+    ),
+    Case(
+        "with no interval every step is its own export",
+        (("dict", 0, 1, False), ("dict", 10, 2, False), ("dict", 20, 3, False)),
+        exported_at_ms=(10, 20),
+        completed=2,
+        coalesced=0,
+        min_interval_s=0.0,
+    ),
+    Case(
+        "a dict of an older step starts nothing",
+        (("dict", 0, 5, False), ("dict", 2000, 4, False), ("tick", 2500)),
+        exported_at_ms=(),
+        completed=0,
+        coalesced=0,
+    ),
+    Case(
+        "close completes the open step; the final export carries it",
+        (("dict", 0, 1, False), ("dict", 2000, 2, False)),
+        exported_at_ms=(2000,),
+        completed=2,
+        coalesced=0,
+        close=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_step_clocks_rules(case: Case):
+    clock = FakeClock()
+    start = clock.now
+    reader = FakeReader(clock)
+    policy = StepPolicy(min_interval_s=case.min_interval_s)
+    recorded: list[float] = []
+    steps = StepClock(lambda step, at: recorded.append(step), reader, policy, monotonic_ns=clock)
+    for event in case.events:
+        clock.now = start + event[1] * MS
+        if event[0] == "dict":
+            _, _, step, finished = event
+            steps.before(steps.usable(step), clock.now)
+            if finished:
+                steps.finished(step)
+        else:
+            steps.tick()
+    if case.close:
+        steps.close()
+    assert [(t - start) // MS for t in reader.collected_at] == list(case.exported_at_ms)
+    stats = steps.stats()
+    assert stats["completed"] == case.completed == len(recorded)
+    assert stats["coalesced"] == case.coalesced
+    carried = 1 if case.close else 0
+    assert stats["exported"] == len(case.exported_at_ms) + carried
+    if case.close:
+        assert stats["exported"] + stats["coalesced"] == stats["completed"]
+
+
+def test_the_clock_asks_to_be_woken_when_the_waiting_step_may_be_exported():
+    clock = FakeClock()
+    reader = FakeReader(clock)
+    steps = StepClock(
+        lambda step, at: None, reader, StepPolicy(min_interval_s=1.0), monotonic_ns=clock
+    )
+    start = clock.now
+    steps.before(1.0, start)
+    steps.before(2.0, start + 2000 * MS)  # step 1 exported at 2000 ms
+    steps.finished(2.0)
+    clock.now = start + 2000 * MS
+    due = steps.tick()
+    # Settled at 2100 ms, exportable at 3000 ms: one wake, at 3000, not one at 2100.
+    assert due == pytest.approx(1.0)
+
+
+def test_a_step_the_reader_replaced_counts_as_coalesced():
+    clock = FakeClock()
+    reader = FakeReader(clock)
+    steps = StepClock(
+        lambda step, at: None, reader, StepPolicy(min_interval_s=0.0), monotonic_ns=clock
+    )
+    for step in (1, 2, 3):
+        steps.before(float(step), clock.now)
+    reader.replaced = 1  # the reader dropped step 1's collection for step 2's
+    assert steps.stats()["exported"] == 1
+    assert steps.stats()["coalesced"] == 1
+
+
+def test_the_policys_numbers():
+    policy = StepPolicy(min_interval_s=2.0, export_interval_s=60.0)
+    assert policy.settle_s == STEP_SETTLE_S
+    assert policy.trickle_interval_s(steps_exported=True) == 2.0
+    assert policy.trickle_interval_s(steps_exported=False) == float("inf")
+    assert policy.backstop_due(100.0, last_was_step=False) == 160.0
+    assert policy.backstop_due(100.0, last_was_step=True) == 100.0 + 60.0 * (1 + BACKSTOP_GRACE)
+    assert policy.may_collect(3 * 10**9, 1 * 10**9)
+    assert not policy.may_collect(3 * 10**9 - 1, 1 * 10**9)
+
+
+class BlockingExporter(MetricExporter):
+    """Each export blocks until released: an export in flight, as long as the test wants."""
+
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.exports = 0
+
+    def export(
+        self, metrics_data: Any, timeout_millis: float = 10_000, **_: Any
+    ) -> MetricExportResult:
+        self.exports += 1
+        self.entered.release()
+        self.release.wait(10)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
+        self.release.set()
+
+
+@pytest.fixture
+def blocking_reader():
+    from async_tee._export import ExportingReader
+
+    exporter = BlockingExporter()
+    counts = ExportCounts()
+    reader = ExportingReader(
+        exporter,
+        policy=StepPolicy(export_interval_s=3600.0),
+        timeout_s=10.0,
+        counts=counts,
+        step_aligned=True,
+    )
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("t").create_gauge("g").set(1.0)
+    yield reader, exporter, counts
+    exporter.release.set()
+    provider.shutdown(timeout_millis=10_000)
+
+
+def test_a_newer_step_replaces_the_export_waiting_behind_the_one_in_flight(blocking_reader):
+    reader, exporter, counts = blocking_reader
+    assert reader.collect_step()  # step 1: taken by the exporting thread, in flight
+    assert exporter.entered.acquire(timeout=10)
+    assert reader.collect_step()  # step 2: waits behind it
+    assert reader.collect_step()  # step 3: replaces step 2
+    assert reader.collect_step()  # step 4: replaces step 3
+    assert reader.replaced == 2
+    exporter.release.set()
+    assert exporter.entered.acquire(timeout=10)  # step 4's export started
+    assert exporter.exports == 2  # steps 1 and 4: one export pending at most
+    assert counts.by_trigger["step"]["failure"] == 0
