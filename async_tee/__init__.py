@@ -15,7 +15,7 @@ from async_tee import _default_rows  # noqa: F401 - declares the shipped rows at
 from async_tee._caller import record_rl_metrics, tee_rl_metrics_to_otel
 from async_tee._declarations import EfficiencyCategory, RecordedMetric, TeedMetric
 from async_tee._mapping import set_efficiency_categories
-from async_tee._pipeline import Pipeline
+from async_tee._pipeline import DisabledSession, Pipeline
 from async_tee._telemetry import aflush, flush, shutdown_telemetry, start_telemetry, stats
 from async_tee._version import __version__
 from async_tee.catalog import CatalogEntry, series_catalog
@@ -26,6 +26,7 @@ from async_tee.vocabulary import register_recorded_metrics, register_teed_metric
 __all__ = [
     "Backend",
     "CatalogEntry",
+    "DisabledSession",
     "EfficiencyCategory",
     "JsonlBackend",
     "Logger",
