@@ -5,18 +5,23 @@ it receives; ``async-tee demo`` runs a simulated GRPO training run through ``Log
 reports what arrived and what it cost; ``async-tee catalog`` lists every series async_tee
 would export, with its Prometheus name; ``async-tee dashboard`` writes a Grafana dashboard
 for them. ``python -m async_tee`` is the same command.
+
+The library logs where it exports at INFO on the ``async_tee`` logger, hidden at Python's
+default WARNING level; ``demo``, the command that starts telemetry, shows those lines on
+stderr (``--quiet`` hides them, and its progress lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -81,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
         help="simulate a GRPO run, export it over OTLP, and report what arrived and its cost",
         description="Simulate a GRPO training run logged through async_tee.Logger, export "
         "it over OTLP/gRPC to an embedded sink (or to OTEL_EXPORTER_OTLP_ENDPOINT when set), "
-        "and report the series received and the caller-side cost. Progress goes to stderr.",
+        "and report the series received and the caller-side cost. Progress, and async_tee's "
+        "INFO log lines (the effective configuration), go to stderr.",
     )
     demo.add_argument("--steps", type=_positive_int, default=20, help="default: %(default)s")
     demo.add_argument(
@@ -94,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
         "--stall",
         action="store_true",
         help="stall the embedded sink: nothing arrives, and training keeps its pace",
+    )
+    demo.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines and no async_tee INFO lines (the effective configuration, "
+        "where it exports) on stderr; warnings still show",
     )
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
     demo.add_argument("--jsonl", metavar="PATH", help="keep the JSONL backend's file here")
@@ -216,18 +228,48 @@ def _run_sink(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _library_log(quiet: bool) -> Iterator[None]:
+    """While a command runs telemetry: show the ``async_tee`` logger's INFO lines on stderr.
+
+    The library logs where it exports ("telemetry started: ...", "serving Prometheus
+    metrics on ...") at INFO, which Python's default WARNING level hides. This puts one
+    handler on the ``async_tee`` logger only (not the root logger), unless ``quiet``, the
+    logger has a handler already, or its INFO lines already reach one; the logger is as it
+    was afterwards (``main`` may be called in-process).
+    """
+    library = logging.getLogger("async_tee")
+    shown = library.isEnabledFor(logging.INFO) and library.hasHandlers()
+    if quiet or library.handlers or shown:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))  # "async_tee: ..."
+    level, propagate = library.level, library.propagate
+    library.addHandler(handler)
+    library.setLevel(logging.INFO)
+    library.propagate = False  # a root handler would print each line a second time
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(level)
+        library.propagate = propagate
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from async_tee import demo
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    result = demo.run(
-        steps=args.steps,
-        step_seconds=args.step_seconds,
-        stall=args.stall,
-        jsonl_path=args.jsonl,
-        progress=sys.stderr,
-    )
+    with _library_log(args.quiet):
+        result = demo.run(
+            steps=args.steps,
+            step_seconds=args.step_seconds,
+            stall=args.stall,
+            jsonl_path=args.jsonl,
+            progress=None if args.quiet else sys.stderr,
+        )
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, default=str))
     else:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import logging
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -13,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
@@ -280,6 +284,81 @@ def default_series_names() -> set[str]:
     return names | {"rl.efficiency.seconds", "rl.efficiency.pct", "rl.setup.duration"}
 
 
+EXPORTS_LINE = re.compile(r"^  exports: (\d+) = (.+); (\d+) succeeded, (\d+) failed\.$", re.M)
+EXPORT_PART = re.compile(
+    r"(\d+) (step exports|periodic|on flush|at shutdown)(?: \((\d+) failed\))?"
+)
+TRIGGERS = {
+    "step exports": "step",
+    "periodic": "interval",
+    "on flush": "flush",
+    "at shutdown": "shutdown",
+}
+STEPS_LINE = re.compile(
+    r"^  steps: (\d+) completed = (\d+) with an export of their own \+ (\d+) coalesced "
+    r"into a later one(?:; each of the (\d+) in a step export of its own|; (\d+) of them in step "
+    r"exports|; (\d+) in step exports \+ the last in the export at shutdown)?\.$",
+    re.M,
+)
+TABLE_EXPORTS = re.compile(
+    r"^  async_tee\.exports +(\d+) +\{export\} +result=success trigger=(\w+)$", re.M
+)
+
+
+def assert_demo_figures_agree(report: str, stats: dict[str, Any] | None = None) -> None:
+    """The report's export and step figures add up, to each other and to ``stats``.
+
+    The per-trigger exports add up to the total it prints; the steps exported are the step
+    exports it prints plus the step the shutdown export carried; the table's
+    ``async_tee.exports`` rows (the sink's last export, which cannot count itself) agree
+    with the summary; and with ``stats``, every printed figure is the one stats() gave.
+    """
+    exports = EXPORTS_LINE.findall(report)
+    assert len(exports) == 1, report
+    total, parts_text, succeeded, failed = exports[0]
+    parts = {}
+    for part in parts_text.split(" + "):
+        match = EXPORT_PART.fullmatch(part)
+        assert match, f"not a count by trigger: {part!r}"
+        parts[TRIGGERS[match[2]]] = (int(match[1]), int(match[3] or 0))
+    assert sum(n for n, _ in parts.values()) == int(total), exports[0]
+    assert int(succeeded) + int(failed) == int(total), exports[0]
+    assert sum(f for _, f in parts.values()) == int(failed), exports[0]
+    step_exports = parts.get("step", (0, 0))[0]
+
+    steps = STEPS_LINE.findall(report)
+    assert len(steps) == 1, report
+    completed, exported, coalesced, each, of_them, then_shutdown = steps[0]
+    assert int(completed) == int(exported) + int(coalesced), steps[0]
+    if each:
+        assert int(each) == int(exported) == step_exports, steps[0]
+    elif then_shutdown:
+        assert int(then_shutdown) == step_exports == int(exported) - 1, steps[0]
+        assert "shutdown" in parts, exports[0]
+    elif of_them:
+        assert int(of_them) == step_exports, steps[0]
+    else:
+        assert int(exported) == 0, steps[0]
+
+    table = {trigger: int(value) for value, trigger in TABLE_EXPORTS.findall(report)}
+    if table and parts.get("shutdown", (0, 1))[1] == 0:  # the shutdown export arrived last
+        for trigger, (attempts, failures) in parts.items():
+            expected = 0 if trigger == "shutdown" else attempts - failures
+            assert table[trigger] == expected, (trigger, table, parts)
+
+    if stats is not None:
+        assert int(total) == stats["exports"]["success"] + stats["exports"]["failure"]
+        assert int(succeeded) == stats["exports"]["success"]
+        assert int(failed) == stats["exports"]["failure"]
+        for trigger, counts in stats["exports_by_trigger"].items():
+            attempts = counts["success"] + counts["failure"]
+            assert parts.get(trigger, (0, 0)) == (attempts, counts["failure"]), trigger
+        assert step_exports == sum(stats["exports_by_trigger"]["step"].values())
+        assert int(completed) == stats["steps"]["completed"]
+        assert int(exported) == stats["steps"]["exported"]
+        assert int(coalesced) == stats["steps"]["coalesced"]
+
+
 def test_demo_end_to_end_receives_every_default_series(tmp_path):
     jsonl = tmp_path / "demo.jsonl"
     progress = tmp_path / "progress.txt"
@@ -338,6 +417,7 @@ def test_demo_end_to_end_receives_every_default_series(tmp_path):
     assert "Every default series arrived" in report
     assert "rl.vllm.prompt_tokens" in report
     assert "µs" in report
+    assert_demo_figures_agree(report, stats)
     json.dumps(result.as_dict())  # JSON-ready
 
 
@@ -359,6 +439,7 @@ def test_demo_with_a_stalled_sink_keeps_training_pace_and_receives_nothing():
     assert "it was stalled, as asked" in report
     assert "Every default series arrived" not in report
     assert "Default series NOT received" not in report  # no list of 29 names when stalled
+    assert_demo_figures_agree(report, result.stats)
 
 
 def test_demo_exports_to_an_external_endpoint(sink):
@@ -427,6 +508,14 @@ def test_demo_command_line_table():
     assert proc.returncode == 0, proc.stderr
     assert "Every default series arrived" in proc.stdout
     assert "Caller-side cost" in proc.stdout
+    assert_demo_figures_agree(proc.stdout)
+    assert "async_tee.exports" in proc.stdout  # the table's rows were checked too
+    # The library logs its effective configuration at INFO; the command line shows it,
+    # once, at Python's default logging set-up.
+    started = [line for line in proc.stderr.splitlines() if "telemetry started" in line]
+    assert len(started) == 1, proc.stderr
+    assert started[0].startswith("INFO async_tee: telemetry started: enabled=True")
+    assert "otlp_endpoint='http://127.0.0.1:" in started[0]
 
 
 def test_usage_errors_exit_2(capsys):
@@ -479,6 +568,89 @@ def synthetic_result(**changes) -> demo.DemoResult:
     for name, value in changes.items():
         setattr(base, name, value)
     return base
+
+
+def consistent_stats() -> dict[str, Any]:
+    """stats() of a 20-step run: 19 step exports, the last step in the shutdown export."""
+    stats = copy.deepcopy(async_tee.stats())
+    stats["exports"] = {"success": 19, "failure": 1}
+    by_trigger = stats["exports_by_trigger"]
+    by_trigger["step"] = {"success": 17, "failure": 1}
+    by_trigger["interval"] = {"success": 1, "failure": 0}
+    by_trigger["shutdown"] = {"success": 1, "failure": 0}
+    stats["steps"].update(completed=20, exported=19, coalesced=1)
+    return stats
+
+
+def test_the_demo_figures_check_fails_on_a_broken_report():
+    stats = consistent_stats()
+    report = demo.render_result(synthetic_result(stats=stats))
+    assert "  exports: 20 = 18 step exports (1 failed) + 1 periodic + 1 at shutdown; " in report
+    assert "19 succeeded, 1 failed." in report
+    assert (
+        "  steps: 20 completed = 19 with an export of their own + 1 coalesced into a later "
+        "one; 18 in step exports + the last in the export at shutdown." in report
+    )
+    assert_demo_figures_agree(report, stats)
+    broken = [
+        report.replace(" + 1 at shutdown;", ";"),  # the total counts an export not listed
+        report.replace("= 18 step exports", "= 19 step exports"),
+        report.replace("19 succeeded, 1 failed", "20 succeeded, 0 failed"),
+        report.replace("= 19 with an export", "= 20 with an export"),
+        report.replace("18 in step exports + the last", "19 in step exports + the last"),
+        report.replace("\n  exports: ", "\n  exported: "),  # the line is gone
+    ]
+    for text in broken:
+        assert text != report
+        with pytest.raises(AssertionError):
+            assert_demo_figures_agree(text, stats)
+    # A report true to itself but not to stats() fails too.
+    other = consistent_stats()
+    other["exports_by_trigger"]["interval"] = {"success": 2, "failure": 0}
+    with pytest.raises(AssertionError):
+        assert_demo_figures_agree(report, other)
+    # The table's async_tee.exports rows must agree with the summary.
+    rows = [
+        demo.ReceivedSeries(
+            "async_tee.exports", {"result": "success", "trigger": trigger}, value, "{export}", "sum"
+        )
+        for trigger, value in (("step", 17), ("interval", 1), ("shutdown", 0), ("flush", 0))
+    ]
+    with_table = demo.render_result(synthetic_result(stats=stats, series=rows))
+    assert "async_tee.exports there counts the exports before it" in with_table
+    assert_demo_figures_agree(with_table, stats)
+    rows[0] = dataclasses.replace(rows[0], value=18)
+    with pytest.raises(AssertionError):
+        assert_demo_figures_agree(demo.render_result(synthetic_result(stats=stats, series=rows)))
+
+
+def demo_argv(*options: str) -> list[str]:
+    return ["demo", "--steps", "1", "--step-seconds", "0", *options]
+
+
+def test_the_demo_command_shows_async_tee_info_lines_and_restores_the_logger(capsys):
+    library = logging.getLogger("async_tee")
+    before = (list(library.handlers), library.level, library.propagate)
+    assert cli.main(demo_argv()) == 0
+    assert (list(library.handlers), library.level, library.propagate) == before
+    err = capsys.readouterr().err
+    assert err.count("INFO async_tee: telemetry started: enabled=True") == 1, err
+    assert "step 1/1" in err
+
+
+def test_the_demo_command_quiet_shows_no_progress_and_no_info_lines(capsys):
+    assert cli.main(demo_argv("--quiet")) == 0
+    out, err = capsys.readouterr()
+    assert "telemetry started" not in err
+    assert "step 1/1" not in err
+    assert "  exports: " in out
+
+
+def test_the_demo_command_adds_no_handler_where_info_lines_already_show(caplog, capsys):
+    caplog.set_level(logging.INFO, logger="async_tee")  # a handler (root's) shows them
+    assert cli.main(demo_argv()) == 0
+    assert "telemetry started" not in capsys.readouterr().err  # not a second time
+    assert any("telemetry started" in r.getMessage() for r in caplog.records)
 
 
 def test_a_missing_default_is_listed_and_fails_the_command(monkeypatch, capsys):

@@ -66,6 +66,181 @@ def test_every_async_tee_name_the_readme_uses_is_exported():
     assert used <= set(async_tee.__all__), used - set(async_tee.__all__)
 
 
+_MUTABLE_CONSTRUCTORS = frozenset(
+    {
+        "dict",
+        "list",
+        "set",
+        "bytearray",
+        "deque",
+        "defaultdict",
+        "OrderedDict",
+        "Counter",
+        "ChainMap",
+        "WeakKeyDictionary",
+        "WeakValueDictionary",
+        "WeakSet",
+    }
+)
+_MUTATING_METHODS = frozenset(
+    {
+        "append",
+        "appendleft",
+        "add",
+        "clear",
+        "discard",
+        "extend",
+        "extendleft",
+        "insert",
+        "pop",
+        "popitem",
+        "popleft",
+        "remove",
+        "reverse",
+        "rotate",
+        "setdefault",
+        "sort",
+        "update",
+        "difference_update",
+        "intersection_update",
+        "symmetric_difference_update",
+        "move_to_end",
+        "subtract",
+    }
+)
+
+
+def _is_mutable_value(value: ast.expr | None) -> bool:
+    """A literal or constructor call that makes a mutable container."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        return name in _MUTABLE_CONSTRUCTORS
+    return False
+
+
+def _module_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The module's own statements, those under a module-level if / try / with included."""
+    out: list[ast.stmt] = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            nested = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            for handler in getattr(node, "handlers", []):
+                nested += handler.body
+            out += _module_level_statements(nested)
+    return out
+
+
+def _mutable_module_names(tree: ast.Module) -> dict[str, int]:
+    """Module-level names bound to a mutable container, and the line binding each."""
+    names: dict[str, int] = {}
+    for node in _module_level_statements(tree.body):
+        if isinstance(node, ast.Assign) and _is_mutable_value(node.value):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names.setdefault(target.id, node.lineno)
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and _is_mutable_value(node.value)
+        ):
+            names.setdefault(node.target.id, node.lineno)
+    return names
+
+
+def _aliases(
+    tree: ast.Module, module: str, containers: dict[str, dict[str, int]]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The names by which ``module`` reaches a module-level container, its own or imported.
+
+    Returns:
+        Local name -> ``module.NAME`` of a container (its own, ``from m import NAME``), and
+        local name -> module (``import m``, ``import m as x``, ``from package import m``).
+    """
+    names = {name: f"{module}.{name}" for name in containers[module]}
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in containers and alias.asname:
+                    modules[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if alias.name in containers.get(node.module, {}):
+                    names[local] = f"{node.module}.{alias.name}"
+                elif f"{node.module}.{alias.name}" in containers:
+                    modules[local] = f"{node.module}.{alias.name}"
+    return names, modules
+
+
+def _in_place_mutations(
+    tree: ast.Module, names: dict[str, str], modules: dict[str, str], containers: set[str]
+) -> list[tuple[str, int, str]]:
+    """Every (container, line, how) in the module that changes a container in place.
+
+    A mutating method call (on the container or an item of it), an item assigned or
+    deleted, and an augmented assignment to the container or an item of it; the container
+    reached by a name from :func:`_aliases` (``NAME``, ``module.NAME``).
+    """
+    found: list[tuple[str, int, str]] = []
+
+    def container(node: ast.expr) -> str | None:
+        while isinstance(node, ast.Subscript):  # NAME[k][j] changes NAME
+            node = node.value
+        if isinstance(node, ast.Name):
+            return names.get(node.id)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            qualified = f"{modules.get(node.value.id)}.{node.attr}"
+            return qualified if qualified in containers else None
+        return None
+
+    def note(target: ast.expr, line: int, how: str, item_only: bool = False) -> None:
+        if item_only and not isinstance(target, ast.Subscript):
+            return  # binding a name is not changing what it was bound to
+        name = container(target)
+        if name is not None:
+            found.append((name, line, how))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _MUTATING_METHODS:
+                note(node.func.value, node.lineno, f".{node.func.attr}()")
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    note(each, node.lineno, "item assigned", item_only=True)
+        elif isinstance(node, ast.AnnAssign):
+            note(node.target, node.lineno, "item assigned", item_only=True)
+        elif isinstance(node, ast.AugAssign):
+            note(node.target, node.lineno, "augmented assignment")
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                note(target, node.lineno, "item deleted", item_only=True)
+    return found
+
+
+def _mutated_module_state() -> dict[str, list[str]]:
+    """Per module-level container changed in place anywhere: where (``path:line how``).
+
+    A local variable named like a module-level container of its module counts too (the
+    check reads names, not scopes): name module state apart, as `_UPPER` names are.
+    """
+    trees = {_module_name(p): (p, ast.parse(p.read_text())) for p in PACKAGE.rglob("*.py")}
+    containers = {module: _mutable_module_names(tree) for module, (_, tree) in trees.items()}
+    qualified = {f"{module}.{name}" for module, names in containers.items() for name in names}
+    mutated: dict[str, list[str]] = {}
+    for module, (path, tree) in sorted(trees.items()):
+        names, modules = _aliases(tree, module, containers)
+        for name, line, how in _in_place_mutations(tree, names, modules, qualified):
+            where = f"{path.relative_to(PACKAGE.parent)}:{line} {how}"
+            mutated.setdefault(name, []).append(where)
+    return mutated
+
+
 def test_module_state_is_a_handful_of_names():
     state = []
     node: ast.AST
@@ -98,3 +273,54 @@ def test_module_state_is_a_handful_of_names():
             if isinstance(node, ast.Global):
                 global_statements.update(f"{_module_name(path)}.{n}" for n in node.names)
     assert global_statements <= mutable, global_statements - mutable
+    # Module state changed in place needs no `global`: a module-level dict, list, set,
+    # deque... that any function mutates is state too, and needs its reason as well.
+    mutated = _mutated_module_state()
+    unlisted = {name: where for name, where in mutated.items() if name not in mutable}
+    assert not unlisted, f"module-level state mutated in place, not in `mutable`: {unlisted}"
+
+
+def test_the_in_place_check_sees_each_kind_of_mutation():
+    source = """
+import collections
+from async_tee import _reporting
+from async_tee._reporting import _WARNED as warned
+
+_LIST: list[int] = []
+_MAP = collections.defaultdict(list)
+_FROZEN = frozenset()
+if True:
+    _NESTED = {}
+
+
+def change() -> None:
+    _LIST.append(1)
+    _MAP["k"].extend([1])
+    _MAP["k"] = []
+    _MAP["a"]["b"] += 1
+    del _MAP["k"]
+    _NESTED.setdefault("k", 0)
+    warned.add("x")
+    _reporting._WARNED.clear()
+    _LIST.copy()  # reads, does not change
+    _FROZEN.union({1})
+"""
+    tree = ast.parse(source)
+    own = _mutable_module_names(tree)
+    assert set(own) == {"_LIST", "_MAP", "_NESTED"}
+    containers = {"m": own, "async_tee._reporting": {"_WARNED": 1}, "async_tee": {}}
+    names, modules = _aliases(tree, "m", containers)
+    qualified = {"m._LIST", "m._MAP", "m._NESTED", "async_tee._reporting._WARNED"}
+    found = [(name, how) for name, _, how in _in_place_mutations(tree, names, modules, qualified)]
+    assert sorted(found) == sorted(
+        [
+            ("m._LIST", ".append()"),
+            ("m._MAP", ".extend()"),
+            ("m._MAP", "item assigned"),
+            ("m._MAP", "augmented assignment"),
+            ("m._MAP", "item deleted"),
+            ("m._NESTED", ".setdefault()"),
+            ("async_tee._reporting._WARNED", ".add()"),
+            ("async_tee._reporting._WARNED", ".clear()"),
+        ]
+    )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from async_tee.demo.runner import DemoResult
@@ -28,6 +29,67 @@ def _table(header: list[str], rows: list[list[str]], right: frozenset[int]) -> l
         ).rstrip()
 
     return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
+_TRIGGERS = (
+    ("step", "step exports"),
+    ("interval", "periodic"),
+    ("flush", "on flush"),
+    ("shutdown", "at shutdown"),
+)
+"""``exports_by_trigger`` keys in the order shown, and how the report names each."""
+
+
+def _attempts(stats: Mapping[str, Any], trigger: str) -> int:
+    counts = stats["exports_by_trigger"].get(trigger, {})
+    return int(counts.get("success", 0) + counts.get("failure", 0))
+
+
+def _exports_line(stats: Mapping[str, Any]) -> str:
+    """Every export from ``stats``: the total, the same by trigger, and how many succeeded.
+
+    The total is ``exports`` (success + failure); the per-trigger parts are
+    ``exports_by_trigger`` and add up to it (a trigger with no export is left out).
+    """
+    totals = stats["exports"]
+    by_trigger = stats["exports_by_trigger"]
+    parts = []
+    for trigger, label in _TRIGGERS:
+        attempts = _attempts(stats, trigger)
+        if attempts:
+            failures = by_trigger[trigger]["failure"]
+            parts.append(f"{attempts} {label}" + (f" ({failures} failed)" if failures else ""))
+    total = totals["success"] + totals["failure"]
+    if not total:
+        return "  exports: none."
+    return (
+        f"  exports: {total} = {' + '.join(parts)}; "
+        f"{totals['success']} succeeded, {totals['failure']} failed."
+    )
+
+
+def _steps_line(stats: Mapping[str, Any]) -> str:
+    """The steps from ``stats``: completed = exported + coalesced, and where they went.
+
+    ``exported`` counts the steps given an export of their own (sent or failed): the step
+    exports, and the step still open at the end, which the final export at shutdown
+    carries (``exports_by_trigger`` counts that export under ``shutdown``).
+    """
+    steps = stats["steps"]
+    step_exports = _attempts(stats, "step")
+    exported = steps["exported"]
+    line = (
+        f"  steps: {steps['completed']} completed = {exported} with an export of their own + "
+        f"{steps['coalesced']} coalesced into a later one"
+    )
+    carried = exported - step_exports  # the final export carries the open step, if any
+    if exported == 0:
+        return line + "."
+    if carried == 0:
+        return line + f"; each of the {exported} in a step export of its own."
+    if carried == 1 and _attempts(stats, "shutdown"):
+        return line + f"; {step_exports} in step exports + the last in the export at shutdown."
+    return line + f"; {step_exports} of them in step exports."
 
 
 def render_result(result: DemoResult) -> str:
@@ -73,6 +135,11 @@ def render_result(result: DemoResult) -> str:
         ]
         header = ["series", "value", "unit", "steps", "attributes"]
         out += ["  " + line for line in _table(header, rows, frozenset({1, 3}))]
+        if any(s.name == "async_tee.exports" for s in result.series):
+            out.append(
+                "  (async_tee.* rows: the values collected into the last export received; "
+                "async_tee.exports there counts the exports before it, not that one.)"
+            )
         short = [s for s in result.series if (s.steps_received or 0) < (s.steps_logged or 0)]
         out.append(
             f"  Steps: {len(short)} series missed steps (folded into later exports: see "
@@ -160,9 +227,9 @@ def render_result(result: DemoResult) -> str:
         f"cardinality {skipped['cardinality']}; worker lag p50 {stats['lag_ms']['p50']:.1f} ms, "
         f"max {stats['lag_ms']['max']:.1f} ms."
     )
-    exports = stats["exports"]
+    out.append(_exports_line(stats))
+    out.append(_steps_line(stats))
     out.append(
-        f"Exports: {exports['success']} succeeded, {exports['failure']} failed. "
         f"shutdown_telemetry(timeout_s={result.shutdown_timeout_s:g}) returned "
         + (
             "True: everything delivered"
