@@ -14,14 +14,17 @@ from __future__ import annotations
 from async_tee import _default_rows  # noqa: F401 - declares the shipped rows at import
 from async_tee._caller import record_rl_metrics, tee_rl_metrics_to_otel
 from async_tee._declarations import EfficiencyCategory, RecordedMetric, TeedMetric
-from async_tee._mapping import set_efficiency_categories
 from async_tee._pipeline import DisabledSession, Pipeline
 from async_tee._telemetry import aflush, flush, shutdown_telemetry, start_telemetry, stats
 from async_tee._version import __version__
 from async_tee.catalog import CatalogEntry, series_catalog
 from async_tee.logger import Backend, JsonlBackend, Logger
 from async_tee.metrics import create_rl_metric_instruments
-from async_tee.vocabulary import register_recorded_metrics, register_teed_metrics
+from async_tee.vocabulary import (
+    register_recorded_metrics,
+    register_teed_metrics,
+    set_efficiency_categories,
+)
 
 __all__ = [
     "Backend",

@@ -7,8 +7,8 @@ queue is the one piece of session state the caller reads: :data:`_QUEUE`, writte
 when a session starts, ends or is re-made after ``fork`` (docs/semantics.md §1, §2, §6).
 
 A snapshot is a plain tuple of one of two shapes, each slot with one meaning and the
-enqueue time last: :data:`TeedDict` or :data:`RecordedValues`. (A ``NamedTuple`` would
-cost the caller ~0.2 µs more per call, measured on the fixture's 68-key dict.)
+enqueue time last: :data:`TeedDict` or :data:`RecordedValues`. (A plain tuple is the
+cheapest object the caller can build; a ``NamedTuple`` costs more per call.)
 """
 
 from __future__ import annotations
@@ -18,16 +18,11 @@ from time import monotonic_ns
 from typing import Any, TypeAlias
 
 from async_tee._handoff import DropOldestQueue
+from async_tee._mapping import SETUP_PREFIX, TEED_PREFIXES
 from async_tee._reporting import warn_once
 
-TRAIN_PREFIXES: tuple[str | None, ...] = ("train", "")
-"""Prefixes of the per-step dicts (the training scalars and the efficiency dict)."""
-
-SETUP_PREFIX = "timing/setup"
-"""Prefix of the start-up phases dict, logged once at step 0."""
-
 # None counts as "" (docs/semantics.md §2); every other prefix returns before any copy.
-_TEED_PREFIXES = frozenset((*TRAIN_PREFIXES, None, SETUP_PREFIX))
+_TEED_PREFIXES = TEED_PREFIXES
 
 TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
 """``(metrics, prefix, step, step_finished, enqueued_ns)``: one dict handed to the tee.
@@ -42,9 +37,10 @@ Snapshot: TypeAlias = "TeedDict | RecordedValues"
 
 FILTER_ABOVE = 384
 """A ``train``/``""`` dict with more keys than this is snapshotted to the keys the worker
-reads (``_READ_KEYS``) instead of copied whole. Copying is one C call, ~5 ns a key;
-picking the ~24 read keys costs ~1.7 µs whatever the size: they cross near 350 keys on
-this project's host (``benchmarks/bench_sizes.py``), so the common dict keeps the copy."""
+reads (``_READ_KEYS``) instead of copied whole (docs/semantics.md §6). A whole copy is one
+C call whose cost grows with the dict; picking the read keys costs the same whatever its
+size. The threshold sits above the size where the two cost the same (measured by
+``benchmarks/bench_sizes.py``), so the common dict keeps its one-call copy."""
 
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.

@@ -15,8 +15,7 @@ from async_tee._declarations import (
     EfficiencyCategory,
     TeedMetric,
 )
-from async_tee._mapping import set_efficiency_categories
-from async_tee.vocabulary import INIT_TOTAL_CATEGORY, declare_teed
+from async_tee.vocabulary import INIT_TOTAL_CATEGORY, declare_teed, set_efficiency_categories
 
 TRAINING_SCALARS = (
     TeedMetric("reward", "rl.reward.mean", description="Mean reward of the step's samples."),

@@ -1,9 +1,9 @@
-"""The worker's side of the tee: map one snapshot to the ``rl.*`` series and record it.
+"""The worker's side of the tee: run the mapping plan over one snapshot and record it.
 
-One :class:`RLRecorder` per session, built when the session starts from the declarations
-it closed: the rows, the counter keys, the efficiency attribute sets, and the memory of
-which counter deltas were already added (docs/semantics.md §3). Runs only on the worker
-thread (or inline, in the benchmarks' baseline); never raises.
+One :class:`RLRecorder` per session, built when the session starts over the plan
+``_mapping`` compiled from the declarations it closed, bound to the session's tables, and
+the memory of which counter deltas were already added (docs/semantics.md §3). Runs only
+on the worker thread (or inline, in the benchmarks' baseline); never raises.
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _series
-from async_tee._caller import SETUP_PREFIX, TRAIN_PREFIXES
 from async_tee._declarations import EfficiencyCategory, TeedMetric
 from async_tee._mapping import (
-    RUN_WINDOW,
-    STEP_WINDOW,
-    WALL_CLOCK_MEASUREMENT,
-    efficiency_categories,
-    efficiency_seconds_key,
-    efficiency_window,
+    PCT_ATTRIBUTES,
+    SETUP_PREFIX,
+    TRAIN_PREFIXES,
+    MappingPlan,
+    compile_plan,
+    efficiency_values,
     map_efficiency_pct,
     map_setup_seconds,
-    read_keys,
+    scalar_values,
 )
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP
@@ -34,7 +33,7 @@ from async_tee.registry import (
     InstrumentRegistry,
     instrument_registry,
 )
-from async_tee.vocabulary import as_scalar, teed_metrics
+from async_tee.vocabulary import efficiency_categories, teed_metrics
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -47,41 +46,8 @@ _SETUP_DURATION_KEY = _series.SETUP_DURATION.key
 _STEP_KEY = _series.STEP.key
 _STEP_TIME_KEY = _series.STEP_TIME.key
 
-ScalarPlan = tuple[tuple[str, str, "_LastValue | None"], ...]
-"""Per declared row: its ``Logger`` key, its registry key, its table (or None)."""
-
-EfficiencyPlan = tuple[tuple[str, FrozenAttributes, "_LastValue | None"], ...]
-"""Per known category: its seconds key, its attribute set, the seconds gauge (or None)."""
-
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
-
-_PCT_ATTRIBUTES = {
-    window: FrozenAttributes(
-        {
-            _series.RL_EFFICIENCY_MEASUREMENT_ATTR: WALL_CLOCK_MEASUREMENT,
-            _series.RL_EFFICIENCY_WINDOW_ATTR: window,
-        }
-    )
-    for window in (STEP_WINDOW, RUN_WINDOW)
-}
-
-
-def efficiency_attributes(
-    categories: Mapping[str, EfficiencyCategory],
-) -> dict[str, FrozenAttributes]:
-    """The attribute set of every known category (bounded by the category map)."""
-    out = {}
-    for category, spec in categories.items():
-        attributes = {
-            _series.RL_EFFICIENCY_CATEGORY_ATTR: category,
-            _series.RL_EFFICIENCY_MEASUREMENT_ATTR: spec.measurement,
-            _series.RL_EFFICIENCY_WINDOW_ATTR: efficiency_window(category, spec.measurement),
-        }
-        if spec.bucket:
-            attributes[_series.RL_BUCKET_ATTR] = spec.bucket
-        out[category] = FrozenAttributes(attributes)
-    return out
 
 
 class CountedSteps:
@@ -137,10 +103,11 @@ class RLRecorder:
         self.instruments = instruments
         self.rows = rows
         self.counter_keys = frozenset(row.key for row in rows if row.kind == "counter")
-        self.efficiency_attributes = efficiency_attributes(categories)
+        self.plan = compile_plan(rows, categories)
+        self.efficiency_attributes = self.plan.efficiency_attributes
         self.counted = CountedSteps()
-        self.read_keys = read_keys(rows, categories)  # all it reads from train/"" dicts
-        self._plans: tuple[ScalarPlan, EfficiencyPlan] | None = None
+        self.read_keys = self.plan.read_keys  # all it reads from train/"" dicts
+        self._bound: MappingPlan | None = None
         self._tables: dict[str, _LastValue] | None = None
 
     @classmethod
@@ -196,54 +163,22 @@ class RLRecorder:
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")
 
-    def plans(self) -> tuple[ScalarPlan, EfficiencyPlan]:
-        """What ``tee_scalars`` and ``tee_efficiency`` look up, resolved once per session.
-
-        Each entry pairs a ``Logger`` key with what records its value, and the table
-        (gauge or running total) whose ``store`` takes a finite float in one step (None:
-        the checked path).
-        """
-        if self._plans is None:
-            tables = self.tables()
-            seconds = tables.get(_EFFICIENCY_SECONDS_KEY)
-            self._plans = (
-                tuple((row.logger_key, row.key, tables.get(row.key)) for row in self.rows),
-                tuple(
-                    (efficiency_seconds_key(category), attributes, seconds)
-                    for category, attributes in self.efficiency_attributes.items()
-                ),
-            )
-        return self._plans
+    def bound(self) -> MappingPlan:
+        """The plan bound to this session's tables, once per session (the fast path)."""
+        if self._bound is None:
+            self._bound = self.plan.bind(self.tables())
+        return self._bound
 
     def tee_scalars(self, metrics: Mapping[str, Any], step: Any = None) -> None:
         """Emit the declared training and vLLM scalars, unlabelled.
 
         A counter's delta is added the first time its ``(step, key)`` is seen; later
-        copies in the same step are ignored. Without a step every call counts. A value
-        that is not a scalar is left out (``map_teed_scalars``); a finite float is stored
-        at once (``_LastValue.store``), the rest goes through the registry's checks.
+        copies in the same step are ignored. Without a step every call counts
+        (``_mapping.scalar_values``). What a table did not store at once goes through the
+        registry's checks.
         """
         try:
-            get = metrics.get
-            counter_keys = self.counter_keys
-            first_time = self.counted.first_time
-            values: dict[str, float] = {}
-            for logger_key, key, table in self.plans()[0]:
-                raw = get(logger_key)
-                if raw is None:
-                    continue
-                counted = key in counter_keys
-                if not counted and table is not None and table.store(raw, NO_ATTRIBUTES):
-                    continue
-                value = as_scalar(raw)
-                if value is None:
-                    continue
-                if counted:  # a step's delta counts once: check before adding it
-                    if step is not None and not first_time(step, key):
-                        continue
-                    if table is not None and table.store(raw, NO_ATTRIBUTES):
-                        continue
-                values[key] = value
+            values = scalar_values(self.bound().scalars, metrics, step, self.counted.first_time)
             if values:
                 self.record(values)
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
@@ -252,20 +187,17 @@ class RLRecorder:
     def tee_efficiency(self, metrics: Mapping[str, Any]) -> None:
         """Emit the ``efficiency/*`` phase durations as ``rl.efficiency.*``.
 
-        Only the known categories' keys are read (``map_efficiency_seconds``), so the
+        Only the known categories' keys are read (``_mapping.efficiency_values``), so the
         aggregate ``efficiency/*_s`` keys stay out of the per-category series.
         """
         try:
-            get = metrics.get
-            for seconds_key, attributes, gauge in self.plans()[1]:
-                raw = get(seconds_key)
-                if raw is None or (gauge is not None and gauge.store(raw, attributes)):
-                    continue
-                value = as_scalar(raw)
-                if value is not None:
-                    self.record({_EFFICIENCY_SECONDS_KEY: value}, attributes)
+            attributes = self.efficiency_attributes
+            seconds = self.tables().get(_EFFICIENCY_SECONDS_KEY)
+            plan = self.bound().efficiency
+            for category, value in efficiency_values(plan, metrics, seconds, attributes):
+                self.record({_EFFICIENCY_SECONDS_KEY: value}, attributes[category])
             pct = map_efficiency_pct(metrics)
             if pct is not None:
-                self.record({_EFFICIENCY_PCT_KEY: pct[0]}, _PCT_ATTRIBUTES[pct[1]])
+                self.record({_EFFICIENCY_PCT_KEY: pct[0]}, PCT_ATTRIBUTES[pct[1]])
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:efficiency", "async_tee: teeing the efficiency metrics failed")

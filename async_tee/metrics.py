@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _caller, _mapping, _reporting, _rl_group, _telemetry
+from async_tee import _mapping, _reporting, _rl_group, _telemetry
 from async_tee._caller import record_rl_metrics, tee_rl_metrics_to_otel
 from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
@@ -30,7 +30,6 @@ from async_tee._declarations import (
 from async_tee._mapping import (
     RUN_WINDOW,
     STEP_WINDOW,
-    efficiency_measurements,
     efficiency_window,
     map_efficiency_seconds,
     map_setup_seconds,
@@ -54,6 +53,7 @@ from async_tee._series import (
     SETUP_DURATION,
 )
 from async_tee.registry import FrozenAttributes, record_metrics
+from async_tee.vocabulary import efficiency_measurements
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -89,7 +89,7 @@ __all__ = [
 logger = logging.getLogger("async_tee")
 
 # The seed's private names, bound to where each fact now lives.
-_TRAIN_PREFIXES = _caller.TRAIN_PREFIXES
+_TRAIN_PREFIXES = _mapping.TRAIN_PREFIXES
 _EFFICIENCY_KEY_PREFIX = _mapping.EFFICIENCY_KEY_PREFIX
 _EFFICIENCY_SECONDS_SUFFIX = _mapping.EFFICIENCY_SECONDS_SUFFIX
 _metric_specs = _rl_group.metric_specs
@@ -115,7 +115,7 @@ def create_rl_metric_instruments() -> None:
     exported; calling it again is harmless.
     """
     pipeline = _telemetry.active()
-    if pipeline is not None and pipeline.instruments is not None:
+    if pipeline is not None:
         pipeline.instruments.create(RL_METRIC_GROUP)
 
 

@@ -13,16 +13,18 @@ declaration raises instead of vanishing (docs/semantics.md §5).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from async_tee import _series
 from async_tee._declarations import (
     DECLARATIONS,
+    MEASUREMENT_KINDS,
     METRIC_KINDS,
     METRIC_NAME_PREFIX,
     OBSERVABLE_KINDS,
     SYNCHRONOUS_KINDS,
+    EfficiencyCategory,
     RecordedMetric,
     TeedMetric,
     registry_key,
@@ -40,11 +42,14 @@ __all__ = [
     "RecordedMetric",
     "TeedMetric",
     "as_scalar",
+    "efficiency_categories",
+    "efficiency_measurements",
     "freeze_metrics",
     "recorded_metrics",
     "register_recorded_metrics",
     "register_teed_metrics",
     "registry_key",
+    "set_efficiency_categories",
     "teed_metrics",
     "validate_series",
 ]
@@ -313,3 +318,41 @@ def register_recorded_metrics(rows: Iterable[RecordedMetric]) -> None:
 def recorded_metrics() -> tuple[RecordedMetric, ...]:
     """Every directly-recorded row declared so far, in declaration order."""
     return tuple(_RECORDED.values())
+
+
+def set_efficiency_categories(categories: Mapping[str, EfficiencyCategory | str]) -> None:
+    """Replace the known efficiency categories (only before telemetry starts).
+
+    Args:
+        categories: ``{category: EfficiencyCategory}``, or ``{category: measurement}``
+            for categories without a bucket.
+
+    Raises:
+        ValueError: A category is empty or a measurement kind is unknown.
+        RuntimeError: Telemetry has started and declarations are closed.
+    """
+    parsed: dict[str, EfficiencyCategory] = {}
+    for category, spec in categories.items():
+        if isinstance(spec, str):
+            spec = EfficiencyCategory(spec)
+        if not isinstance(category, str) or not category:
+            raise ValueError(f"efficiency category must be a non-empty string: {category!r}")
+        if not isinstance(spec, EfficiencyCategory) or spec.measurement not in MEASUREMENT_KINDS:
+            raise ValueError(
+                f"efficiency category {category!r}: measurement must be one of "
+                f"{MEASUREMENT_KINDS}, got {spec!r}"
+            )
+        parsed[category] = spec
+    DECLARATIONS.check_not_frozen("rl.efficiency.seconds")
+    DECLARATIONS.categories.clear()
+    DECLARATIONS.categories.update(parsed)
+
+
+def efficiency_categories() -> dict[str, EfficiencyCategory]:
+    """Every known efficiency category with its measurement and bucket."""
+    return dict(DECLARATIONS.categories)
+
+
+def efficiency_measurements() -> dict[str, str]:
+    """Map each known efficiency category to its measurement kind."""
+    return {category: spec.measurement for category, spec in DECLARATIONS.categories.items()}

@@ -41,9 +41,8 @@ from _common import (
 )
 
 import async_tee
-from async_tee._mapping import efficiency_categories, map_efficiency_seconds, map_teed_scalars
-from async_tee._recorder import efficiency_attributes
-from async_tee.vocabulary import teed_metrics
+from async_tee._mapping import efficiency_attributes, map_efficiency_seconds, map_teed_scalars
+from async_tee.vocabulary import efficiency_categories, teed_metrics
 
 PACE_NS = 2_000_000  # trainer pace: one call every 2 ms
 BASELINE_QUEUE = 1024  # floor (and janus) capacity: async_tee's default queue size

@@ -8,24 +8,30 @@ import pytest
 from helpers import load_calls
 
 from async_tee._declarations import DECLARATIONS
-from async_tee._mapping import (
+from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
-    RUN_WINDOW,
-    STEP_WINDOW,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
-    efficiency_categories,
-    efficiency_measurements,
+)
+from async_tee._mapping import (
+    RUN_WINDOW,
+    STEP_WINDOW,
     efficiency_window,
     map_efficiency_pct,
     map_efficiency_seconds,
     map_setup_seconds,
     map_teed_scalars,
-    set_efficiency_categories,
     setup_phase,
 )
-from async_tee.vocabulary import TeedMetric, freeze_metrics, register_teed_metrics
+from async_tee.vocabulary import (
+    TeedMetric,
+    efficiency_categories,
+    efficiency_measurements,
+    freeze_metrics,
+    register_teed_metrics,
+    set_efficiency_categories,
+)
 
 PCT = "efficiency/efficiency_pct"
 PER_STEP = "efficiency/efficiency_pct_is_per_step"

@@ -20,8 +20,13 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 
 from async_tee import _series, testing
-from async_tee._mapping import map_efficiency_pct, map_efficiency_seconds, map_teed_scalars
-from async_tee._recorder import _PCT_ATTRIBUTES, RLRecorder
+from async_tee._mapping import (
+    PCT_ATTRIBUTES,
+    map_efficiency_pct,
+    map_efficiency_seconds,
+    map_teed_scalars,
+)
+from async_tee._recorder import RLRecorder
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee.registry import InstrumentRegistry
 
@@ -63,7 +68,7 @@ def _checked(recorder: RLRecorder, metrics: dict[str, Any], prefix: str, step: i
             recorder.record({_series.EFFICIENCY_SECONDS.key: seconds}, attributes[category])
         pct = map_efficiency_pct(metrics)
         if pct is not None:
-            recorder.record({_series.EFFICIENCY_PCT.key: pct[0]}, _PCT_ATTRIBUTES[pct[1]])
+            recorder.record({_series.EFFICIENCY_PCT.key: pct[0]}, PCT_ATTRIBUTES[pct[1]])
 
 
 def _state(registry: InstrumentRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
