@@ -21,7 +21,8 @@ GIL hand-over sleep must be for a busy training thread to take the GIL). Their J
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
 (every table, with ratios against the floor and the inline tee beside absolute times, and
-the issue's targets with whether each holds) and ``latency.png`` (``plot.py``).
+the issue's targets with whether each holds) and ``latency.png`` (``plot.py``). A full run
+into ``results/latest.json`` then regenerates the README's summary table (``summary.py``).
 
 Full: about 13 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
@@ -47,6 +48,7 @@ import bench_overhead
 import bench_ranks
 import bench_sizes
 import bench_stolen
+import summary
 from _common import HERE, RESULTS, fmt_opt, machine_info, machine_line, md_table, progress
 
 Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
@@ -321,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report, png))
     failed = [name for name in PARTS if "failed" in report[name]]
+    # The README's summary table is generated from results/latest.json: rewritten only by a
+    # full run that wrote that very file (never by --quick, nor by a run sent elsewhere).
+    if not args.quick and args.out.resolve() == summary.RESULTS_JSON.resolve():
+        summary.main(["--results", str(args.out)])
     print(f"\nwrote {args.out}, {args.out.with_suffix('.md')}" + (f" and {png}" if png else ""))
     print(f"run_all took {report['duration_s']:.0f} s" + (f"; FAILED: {failed}" if failed else ""))
     return 1 if failed else 0

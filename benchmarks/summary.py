@@ -1,0 +1,212 @@
+"""The README's benchmark summary: one compact table, generated from ``results/latest.json``.
+
+Usage: ``python benchmarks/summary.py [--results PATH] [--readme PATH]`` rewrites the README
+between the markers ``<!-- bench-summary:start -->`` and ``<!-- bench-summary:end -->``.
+``run_all.py`` calls :func:`main` after a full run has written ``results/latest.json``
+(never after ``--quick``), and ``tests/test_docs.py`` checks that the README's table is
+:func:`render` of that file, so no figure in the README is copied by hand. Every table of
+the run is in ``results/latest.md``.
+
+Standard library only: the test imports this file without the benchmarks' dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS_JSON = HERE / "results" / "latest.json"
+README = HERE.parent / "README.md"
+START = "<!-- bench-summary:start -->"
+END = "<!-- bench-summary:end -->"
+
+Row = tuple[str, str, str]
+
+
+def _g(value: float) -> str:
+    """A figure to three significant digits, never in exponent form."""
+    if value == 0 or abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:#.3g}".rstrip(".")
+
+
+def _part(results: dict[str, Any], name: str) -> dict[str, Any]:
+    """One part of the run, or ``{}`` where it is absent or failed (its rows are left out)."""
+    part = results.get(name)
+    return part if isinstance(part, dict) and "failed" not in part else {}
+
+
+def _run_row(results: dict[str, Any]) -> Iterator[Row]:
+    machine = results["machine"]
+    versions = machine.get("versions", {})
+    commit = (machine.get("source", {}).get("commit") or "unknown")[:7]
+    yield (
+        "the run",
+        f"commit {commit}",
+        f"Python {machine['python']}, {machine['cpu_count']} CPUs ({machine['cpu_model']}), "
+        f"opentelemetry-sdk {versions.get('opentelemetry-sdk', '?')}",
+    )
+
+
+def _latency(row: dict[str, Any]) -> str:
+    """``p50 / p99 / p99.9`` in µs; the p50 is the median of the interleaved blocks' p50s."""
+    us = row["us"]
+    return f"{_g(row['median_block_p50_us'])} / {_g(us['p99'])} / {_g(us['p99.9'])} µs"
+
+
+def _caller_rows(results: dict[str, Any]) -> Iterator[Row]:
+    caller = _part(results, "caller").get("conditions", {})
+    if not caller:
+        return
+    floor, floor_paced = caller["floor"], caller["floor_paced"]
+    paced = caller["healthy_paced"]
+    yield (
+        "tee call, healthy receiver, trainer pace (a call every 2 ms): p50 / p99 / p99.9",
+        _latency(paced),
+        f"x{paced['x_floor']:.2f} the floor `deque.append(dict(d))` at the same pace "
+        f"({_g(floor_paced['median_block_p50_us'])} µs p50)",
+    )
+    b2b = caller["healthy_b2b"]
+    yield (
+        "tee call, healthy receiver, back to back (the microbenchmark)",
+        _latency(b2b),
+        f"x{b2b['x_floor']:.2f} the floor back to back ({_g(floor['median_block_p50_us'])} µs p50)",
+    )
+    stalled = caller["stalled"]
+    yield (
+        "tee call, stalled receiver, back to back",
+        _latency(stalled),
+        f"x{stalled['x_floor']:.2f} the floor",
+    )
+    off, off_paced = caller["off"], caller["off_paced"]
+    yield (
+        "tee call, telemetry off: p50 back to back / at trainer pace",
+        f"{_g(off['median_block_p50_us'])} / {_g(off_paced['median_block_p50_us'])} µs",
+        "a global read and a return",
+    )
+    inline, seed = caller["inline"], caller.get("inline_sdk")
+    yield (
+        "the worker's recorder called inline on the training thread, p50",
+        f"{_g(inline['median_block_p50_us'])} µs",
+        f"the seed's shape (SDK synchronous instruments): {_g(seed['median_block_p50_us'])} µs"
+        if seed
+        else "",
+    )
+    janus = caller.get("janus")
+    if janus:
+        yield (
+            "janus drop-oldest hand-off, back to back (the baseline)",
+            _latency(janus),
+            f"x{janus['x_floor']:.2f} the floor",
+        )
+
+
+def _stolen_rows(results: dict[str, Any]) -> Iterator[Row]:
+    stolen = _part(results, "stolen")
+    if not stolen:
+        return
+    lost = {(c["rate"], c["variant"]): c["lost_pct"] for c in stolen["cells"]}
+    attributable = {
+        (c["rate"], c["variant"]): c["attributable_longest_ms"] for c in stolen["comparisons"]
+    }
+    for rate in stolen["config"]["rates"]:
+        if (rate, "off") not in lost:
+            continue
+        on = ", ".join(
+            f"{lost[rate, variant]:.2f} % {variant}"
+            for variant in ("healthy", "stalled")
+            if (rate, variant) in lost
+        )
+        gap = attributable.get((rate, "healthy"))
+        yield (
+            f"training thread's time lost, {rate} step{'s' if rate != 1 else ''}/s: off, on",
+            f"{lost[rate, 'off']:.2f} % off, {on}",
+            f"longest gap attributable to telemetry {gap:.2f} ms (healthy)" if gap else "",
+        )
+
+
+def _export_rows(results: dict[str, Any]) -> Iterator[Row]:
+    cells = _part(results, "export").get("cells", [])
+    by_step: dict[float, dict[str, float]] = {}
+    for cell in cells:
+        by_step.setdefault(cell["step_s"], {})[cell["mode"]] = cell["totals"][
+            "threads_cpu_per_step_us"
+        ]
+    for step_s, modes in sorted(by_step.items()):
+        if "step" not in modes:
+            continue
+        periodic = modes.get("periodic")
+        yield (
+            f"CPU of every thread beside training's (worker, exporter, gRPC) per {step_s:g} s "
+            "step, step-aligned export",
+            f"{_g(modes['step'] / 1000)} ms",
+            f"periodic export once a step: {_g(periodic / 1000)} ms" if periodic else "",
+        )
+
+
+def _memory_rows(results: dict[str, Any]) -> Iterator[Row]:
+    phases = _part(results, "memory").get("memory", {}).get("phases", [])
+    if not phases:
+        return
+    yield (
+        "RSS growth once the queue is full, receiver stalled ("
+        + " / ".join(p["phase"] for p in phases)
+        + ")",
+        " / ".join(f"+{p['growth_once_full_mib']:.2f}" for p in phases) + " MiB",
+        "all within (queue + batch) x item"
+        if all(p["within_bound"] and p["no_growth_once_full"] for p in phases)
+        else "**not** within (queue + batch) x item",
+    )
+
+
+def render(results: dict[str, Any]) -> str:
+    """The summary table of one run (``latest.json`` loaded), as markdown lines."""
+    rows = [
+        *_run_row(results),
+        *_caller_rows(results),
+        *_stolen_rows(results),
+        *_export_rows(results),
+        *_memory_rows(results),
+    ]
+    lines = ["| measure | this run | against |", "|---|---|---|"]
+    lines += [f"| {what} | {figure} | {against} |" for what, figure, against in rows]
+    return "\n".join(lines) + "\n"
+
+
+def block(readme: str) -> str:
+    """The text between the markers (the generated table), or ValueError without them."""
+    start, end = readme.find(START), readme.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no {START} ... {END} block")
+    return readme[start + len(START) : end].lstrip("\n")
+
+
+def replace(readme: str, table: str) -> str:
+    """``readme`` with its marked block replaced by ``table``."""
+    block(readme)  # the markers exist, in order
+    start, end = readme.find(START), readme.find(END)
+    return readme[: start + len(START)] + "\n" + table + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_JSON)
+    parser.add_argument("--readme", type=Path, default=README)
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    if results.get("config", {}).get("quick"):
+        print(f"{args.results} is a --quick run: the README is left as it is", file=sys.stderr)
+        return 1
+    text = args.readme.read_text()
+    args.readme.write_text(replace(text, render(results)))
+    print(f"rewrote the benchmark summary in {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
