@@ -1,9 +1,8 @@
 """OTLP encoding in slices, so that an export's encoding does not hold the GIL in one piece.
 
 The SDK's OTLP/gRPC exporter turns a collection into its protobuf request with
-``encode_metrics``, pure Python over every data point: ~0.35 ms for the fixture's ~50
-points on an idle 2-vCPU VM, up to ~1 ms under a training thread's load, which the
-training thread waits through. :func:`encode_in_slices` builds the same request a few
+``encode_metrics``, pure Python over every data point in one piece, which the training
+thread waits through. :func:`encode_in_slices` builds the same request a few
 metrics at a time and offers the GIL between them (``_gil``); the result equals
 ``encode_metrics(data)`` message for message. :class:`SlicedEncoding` puts it into the gRPC
 exporter through the hook the exporter encodes with (``_translate_data``); an exporter
@@ -23,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from async_tee._gil import budget
 
 METRICS_PER_SLICE = 8
-"""Metrics encoded between two offers of the GIL (~50 µs of encoding alone)."""
+"""Metrics encoded between two offers of the GIL: a small part of a ``_gil.SLICE_S`` slice."""
 
 _EMPTY = Resource.get_empty()
 

@@ -1,4 +1,4 @@
-"""Give the GIL back to the training thread every ~0.4 ms of async_tee's own Python work.
+"""Give the GIL back to the training thread every ``SLICE_S`` (0.4 ms) of async_tee's own work.
 
 The worker and the exporting thread share the interpreter's GIL with training. A thread
 that wants the GIL waits for the holder to block, or for the switch interval (5 ms by
@@ -8,11 +8,10 @@ training wait up to 3 ms, however cheap each dict is. async_tee's threads instea
 ``SLICE_S`` they sleep ``HANDOVER_S``, which releases the GIL long enough for a waiting
 thread to take it. ``time.sleep(0)`` would not: the sleeper re-takes the GIL before the
 waiter, woken on a condition variable, is scheduled, and the slices chain into one long
-hold. Measured on a 2-vCPU VM (``benchmarks/bench_handover.py``, two runs) against a busy
-training thread, with 0.4 ms slices: ``sleep(0)`` left 5-18 % of its gaps over 1 ms, a
-50 µs sleep 2 % in one run and 17 % in the other, 200 µs 2 % and 7 %, 500 µs about as
-200 µs. The sleep costs wall time, not CPU; the thread is never latency-bound (it waits
-the switch interval, 5 ms, to get the GIL back anyway). Standard library only.
+hold (``benchmarks/bench_handover.py`` measures how long the sleep must be; the runs that
+chose ``HANDOVER_S`` are in the CHANGELOG). The sleep costs wall time, not CPU; the thread
+is never latency-bound (it waits the switch interval to get the GIL back anyway). See
+docs/semantics.md §6. Standard library only.
 """
 
 from __future__ import annotations

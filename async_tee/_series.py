@@ -29,7 +29,9 @@ SELF_METRIC_GROUP = "async_tee"
 
 LAG_KEY = "lag"
 LAG_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
-"""Enqueue-to-record lag boundaries in milliseconds (the drain timer is 50 ms by default)."""
+"""Enqueue-to-record lag boundaries in milliseconds: the worker's timer adapts, from
+``ASYNC_TEE_DRAIN_INTERVAL`` up to about a second (docs/semantics.md §6), so the buckets
+run from well under the one to well over the other."""
 
 
 @dataclasses.dataclass(frozen=True)

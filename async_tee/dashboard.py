@@ -6,7 +6,7 @@ Every :class:`~async_tee.catalog.CatalogEntry` gets a panel, placed in a row by 
 Prometheus names the exporter gives the series and join ``target_info`` for the rank (OTel
 puts resource attributes such as ``rl.rank`` there, not on each series): one helper,
 :func:`_by_rank`, writes that join. The dashboard model comes from Grafana's
-``grafana-foundation-sdk`` (``pip install 'async_tee[dashboard]'``, Python >= 3.11),
+``grafana-foundation-sdk`` (``pip install '.[dashboard]'`` from a checkout, Python >= 3.11),
 imported only when a dashboard is built; importing this module needs only the standard
 library and the catalog.
 """
