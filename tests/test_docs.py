@@ -341,6 +341,18 @@ def test_every_guarantee_row_links_to_its_section():
     ]
 
 
+def test_every_test_the_readme_names_exists():
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)", README.read_text())
+    assert named
+    missing = [
+        f"{module}::{name}"
+        for module, name in named
+        if not (ROOT / "tests" / module).exists()
+        or not re.search(rf"^(?:async )?def {name}\(", (ROOT / "tests" / module).read_text(), re.M)
+    ]
+    assert not missing, missing
+
+
 def test_the_readme_is_at_most_350_lines():
     assert len(README.read_text().splitlines()) <= 350
 
