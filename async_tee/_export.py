@@ -229,7 +229,7 @@ class ExportingReader(MetricReader):
         """Export one collection, count its result. Never raises."""
         self._last_export = time.monotonic()
         self._last_was_step = trigger == "step"
-        budget().spend()  # the encoding ahead holds the GIL ~0.5 ms: start it on a fresh slice
+        budget().spend()  # the encoding ahead holds the GIL in one piece: start it on a fresh slice
         try:
             with _suppressed_instrumentation():
                 result = self._exporter.export(metrics_data, timeout_millis=self._timeout_ms)

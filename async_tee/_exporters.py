@@ -188,7 +188,11 @@ def _build_prometheus(settings: Settings, started: Started) -> tuple[Any, Export
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
     except ImportError:
-        return _failed("prometheus", where, "it needs 'pip install async_tee[prometheus]'")
+        return _failed(
+            "prometheus",
+            where,
+            "it needs the prometheus extra: pip install '.[prometheus]' from a checkout",
+        )
     if port > 65535:
         return _failed("prometheus", where, f"port {port} is past 65535; {_port_fix(settings)}")
     try:

@@ -158,8 +158,7 @@ class Pipeline:
     def __init__(
         self,
         settings: Settings,
-        meter_provider: MeterProvider,
-        built: BuiltProvider | None,
+        built: BuiltProvider,
         export_counts: ExportCounts,
         policy: StepPolicy,
     ) -> None:
@@ -170,12 +169,12 @@ class Pipeline:
             Exception: Whatever the SDK raises creating the instruments.
         """
         self.settings = settings
-        self.meter_provider = meter_provider
-        self.owns_provider = built is not None
+        self.meter_provider: MeterProvider = built.provider
+        self.owns_provider = built.owned
         self._built = built
         self.export_counts = export_counts
         self.policy = policy
-        self.meter: Meter = meter_provider.get_meter("async_tee", __version__)
+        self.meter: Meter = self.meter_provider.get_meter("async_tee", __version__)
         self.instruments: InstrumentRegistry = instrument_registry(self.meter)
         self.instruments.begin_session(settings.max_attribute_sets)
         self.instruments.create(_series.SELF_METRIC_GROUP)
@@ -183,7 +182,7 @@ class Pipeline:
             raise RuntimeError("the rl metric group could not be registered (warned above)")
         self.instruments.create(RL_METRIC_GROUP)
         self.recorder = RLRecorder.for_meter(self.meter)  # over this meter's registry, above
-        self._step_reader = built.step_reader if built is not None else None
+        self._step_reader = built.step_reader
         self.steps = self._new_step_clock()
         self.queue, self.worker = self._new_worker()
         self._signals = SignalFlush(
@@ -213,18 +212,18 @@ class Pipeline:
             min_interval_s=settings.min_export_interval_s,
             export_interval_s=settings.export_interval_ms / 1000.0,
         )
-        built = None
         if meter_provider is None:
             built = build_meter_provider(settings, policy, counts)
-            meter_provider = built.provider
+        else:
+            built = BuiltProvider.adopted(meter_provider)
         try:
-            session = cls(settings, meter_provider, built, counts, policy)
+            session = cls(settings, built, counts, policy)
             if not session.worker.start():
                 raise RuntimeError("the worker did not start")
         except BaseException:
-            if built is not None:
+            if built.owned:
                 with contextlib.suppress(Exception):
-                    built.provider.shutdown(timeout_millis=1000)
+                    built.provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
                 close_servers(built.started.servers)
             raise
         session._signals.install(settings.flush_signals)
@@ -296,7 +295,7 @@ class Pipeline:
     def _shutdown_provider(self, deadline: float) -> bool:
         """Shut down a provider async_tee built, within ``deadline`` even if the SDK is not."""
         built = self._built
-        if built is None:
+        if not built.owned:
             return True
         provider = built.provider
         before = self.export_counts.totals()
@@ -308,7 +307,7 @@ class Pipeline:
         def run() -> None:
             try:
                 remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
-                provider.shutdown(timeout_millis=remaining_ms)
+                provider.shutdown(timeout_millis=remaining_ms)  # type: ignore[attr-defined]
                 outcome.append(True)
             except Exception:  # noqa: BLE001 - the SDK's shutdown can raise
                 warn_once("shutdown:provider", "async_tee: shutting down the MeterProvider failed")
@@ -383,7 +382,7 @@ class Pipeline:
 
         Empty for a provider passed in, and for ``OTEL_METRICS_EXPORTER=none``.
         """
-        return self._built.exporters if self._built is not None else []
+        return self._built.exporters
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
@@ -400,7 +399,7 @@ class Pipeline:
     @property
     def threads(self) -> list[threading.Thread]:
         """The threads this session started: the worker, the provider's readers, servers."""
-        return [self.worker.thread] + (self._built.threads if self._built is not None else [])
+        return [self.worker.thread, *self._built.threads]
 
     def flush_and_export(self, timeout_s: float) -> bool:
         """Record everything queued, then export it now, all within ``timeout_s``.
@@ -410,7 +409,7 @@ class Pipeline:
         """
         deadline = time.monotonic() + max(0.0, timeout_s)
         done = self.flush(timeout_s / 2)
-        for reader in self._built.push_readers if self._built is not None else ():
+        for reader in self._built.push_readers:
             remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
             done = reader.force_flush(remaining_ms) and done
         return done
@@ -494,7 +493,7 @@ class Pipeline:
 
     def _export_thread_died(self) -> bool:
         """Whether an exporting thread ended while its session still runs (never expected)."""
-        readers = self._built.push_readers if self._built is not None else []
+        readers = self._built.push_readers
         return any(not r.thread.is_alive() and not r.stopped for r in readers)
 
     # ------------------------------------------------------------------ fork (_telemetry's hooks)

@@ -19,7 +19,7 @@ from async_tee._reporting import logger
 from async_tee._settings import Settings
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
 
     from async_tee._delivery import ExportCounts
@@ -28,12 +28,22 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class BuiltProvider:
-    """A provider async_tee built, with what it started: readers, HTTP servers, exporters."""
+    """A session's provider, with what async_tee started for it: readers, servers, exporters.
+
+    For a provider passed in (``owned`` False, any API provider) all three are empty: it
+    is yours. One async_tee built is the SDK's.
+    """
 
     provider: MeterProvider
     readers: list[MetricReader]
     started: Started
     exporters: list[ExporterState] = dataclasses.field(default_factory=list)
+    owned: bool = True
+
+    @classmethod
+    def adopted(cls, provider: MeterProvider) -> BuiltProvider:
+        """A provider passed in: async_tee records into it and starts nothing of its own."""
+        return cls(provider, [], Started(), owned=False)
 
     @property
     def threads(self) -> list[threading.Thread]:

@@ -147,8 +147,8 @@ class StepClock:
                 self._complete(settled_at)
             elif self._reader is not None:
                 # Settled before the interval allows its export, the step would only wait:
-                # wake when it can be exported (a wake costs ~0.4 ms; at 10 steps a second
-                # settling each would be 10 wakes a second for one export).
+                # wake when it can be exported (a wake costs far more than this check; at 10
+                # steps a second settling each would be 10 wakes a second for one export).
                 next_collect_ns = self._last_collect_ns + self._min_interval_ns
                 due = (max(settled_at, next_collect_ns) - now) / 1e9
             # With no reader to drive, completing only records rl.step: the next drain does.

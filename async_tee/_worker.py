@@ -6,9 +6,9 @@ itself, on a timer that follows the rate dicts arrive at (``_next_sleep``: from
 ``drain_interval_s`` up to the trickle interval), and is woken early only when a burst
 crosses the queue's high-water mark, or by ``flush``/``stop`` from their own threads. Each
 popped item is handed to ``process``; a failure there is counted and never stops the loop,
-and every ~0.4 ms of it the GIL is handed back to training (``_gil``). After each drain
-``after_drain`` runs (the step clock: it may collect a completed step, ~1-2 ms of CPU, and
-asks for the next wake it needs). The loop never runs blocking work: sending stays on the
+and every ``_gil.SLICE_S`` of it the GIL is handed back to training (``_gil``). After each
+drain ``after_drain`` runs (the step clock: it may collect a completed step, and asks for
+the next wake it needs). The loop never runs blocking work: sending stays on the
 exporting thread, and the default executor is never used.
 """
 
@@ -34,8 +34,8 @@ IDLE_DRAIN_INTERVAL_S = 1.0
 """The longest the worker sleeps, while the queue stays empty or dicts only trickle in."""
 
 WAKE_TARGET = 64
-"""Dicts a timer wake should find. A wake costs ~0.3-0.4 ms of CPU whatever it finds (the
-loop, the step clock, re-taking the GIL from a busy trainer) against ~10-30 µs a dict, so at
+"""Dicts a timer wake should find. A wake costs far more CPU than a dict, whatever it finds
+(the loop, the step clock, re-taking the GIL from a busy trainer), so at
 a steady rate the worker sleeps until about this many have arrived (at most the trickle
 interval, and at most a quarter of the queue: the high-water wake is the producer's, a
 syscall in the training thread, and must stay for bursts)."""
@@ -195,8 +195,8 @@ class Worker:
     def _next_sleep(self, sleep: float, found: int, slept: float) -> float:
         """How long to sleep before the next drain, given what this one found.
 
-        Each timer wake costs ~0.3-0.4 ms of CPU on a small VM (measured for a bare asyncio
-        loop too), time the training thread cannot run. Empty: back off, doubling up to
+        Each timer wake costs CPU the training thread cannot use, whatever it finds
+        (``WAKE_TARGET``). Empty: back off, doubling up to
         the idle interval. Dicts arriving: sleep until about ``WAKE_TARGET`` more are due
         at the rate just seen, between the drain interval and the trickle interval (the
         least time between step exports, at most 1 s), so 1 step a second costs one wake
@@ -253,7 +253,7 @@ class Worker:
                 oldest_lag_ms = lag_ms
         if oldest_lag_ms is not None and self._on_lag is not None:
             # One observation a drain (its oldest dict's lag: the drain's worst), not one a
-            # dict: the SDK's histogram costs ~9 µs a record (~75 µs in situ under load).
+            # dict: an SDK histogram record costs more than mapping a dict.
             self._on_lag(oldest_lag_ms)
         return found
 
@@ -267,7 +267,7 @@ class Worker:
         expected, recorded, overflow = c.next_expected, c.recorded, c.overflow
         errors, shutdown = c.errors, c.shutdown
         process = self._process
-        spend = budget().spend  # every ~0.4 ms of recording, the GIL goes back to training
+        spend = budget().spend  # every slice of recording, the GIL goes back to training
         oldest_lag_ms: float | None = None
         for item, seq in batch:
             overflow += seq - expected  # the gap: items the full queue dropped, oldest first

@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         help="write a Grafana dashboard (JSON) with a panel for every series",
         description="Generate a Grafana dashboard from the series catalog: one panel per "
         "series, queried on Prometheus with job, instance and rank variables. Needs "
-        "pip install 'async_tee[dashboard]' (Python >= 3.11).",
+        "pip install '.[dashboard]' from a checkout (Python >= 3.11).",
     )
     dashboard.add_argument(
         "--datasource",

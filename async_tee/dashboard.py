@@ -32,7 +32,7 @@ __all__ = [
     "render_dashboard",
 ]
 
-INSTALL_HINT = "pip install 'async_tee[dashboard]'"
+INSTALL_HINT = "pip install '.[dashboard]' (from a checkout)"
 """How to get the dashboard's one dependency, ``grafana-foundation-sdk`` (Python >= 3.11)."""
 
 _SELECTOR = '{job=~"$job", instance=~"$instance"}'

@@ -301,8 +301,7 @@ def _thread(threads: list[threading.Thread], name: str) -> threading.Thread | No
 
 def _reader(handle: async_tee.Pipeline) -> Any:
     """The session's OTLP ``ExportingReader`` (the one whose thread is the exporter)."""
-    built = handle._built
-    readers = [] if built is None else [r for r in built.readers if hasattr(r, "_send")]
+    readers = [r for r in handle._built.readers if hasattr(r, "_send")]
     if len(readers) != 1:
         raise RuntimeError(f"expected one exporting reader, found {len(readers)}")
     return readers[0]

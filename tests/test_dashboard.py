@@ -173,7 +173,7 @@ def test_cli_without_the_sdk_names_the_extra_and_exits_1(monkeypatch, capsys):
     lines = captured.err.splitlines()
     assert len(lines) == 1
     assert dashboard.INSTALL_HINT in lines[0]
-    assert "pip install 'async_tee[dashboard]'" in lines[0]
+    assert "pip install '.[dashboard]'" in lines[0]
 
 
 def test_importing_async_tee_or_the_cli_loads_neither_the_module_nor_the_sdk():

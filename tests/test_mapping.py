@@ -7,9 +7,9 @@ import math
 import pytest
 from helpers import load_calls
 
-from async_tee._declarations import DECLARATIONS
 from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
+    DECLARATIONS,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
