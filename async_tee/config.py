@@ -170,15 +170,15 @@ def _first(environ: Mapping[str, str], *names: str) -> tuple[str, str] | None:
     return None
 
 
-def _exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
+def _exporters(environ: Mapping[str, str], default: tuple[str, ...]) -> tuple[str, ...]:
     raw = environ.get(OTEL_METRICS_EXPORTER)
     if raw is None or not raw.strip():
-        return ("otlp",)
+        return default
     names = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
     unknown = [name for name in names if name not in EXPORTERS]
     if unknown or not names:
-        _warn_malformed(OTEL_METRICS_EXPORTER, raw, "otlp")
-        return ("otlp",)
+        _warn_malformed(OTEL_METRICS_EXPORTER, raw, ",".join(default))
+        return default
     return tuple(name for name in names if name != "none") or ("none",)
 
 
@@ -403,7 +403,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         min_export_interval_s=_number(
             env, ASYNC_TEE_MIN_EXPORT_INTERVAL, defaults.min_export_interval_s, 0.0, 3600.0
         ),
-        exporters=_exporters(env),
+        exporters=_exporters(env, defaults.exporters),
         otlp_protocol=protocol,
         otlp_endpoint=_endpoint(env, protocol),
         otlp_headers=_headers(env),
