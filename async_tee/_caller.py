@@ -21,9 +21,6 @@ from async_tee._handoff import DropOldestQueue
 from async_tee._mapping import SETUP_PREFIX, TEED_PREFIXES
 from async_tee._reporting import warn_once
 
-# None counts as "" (docs/semantics.md §2); every other prefix returns before any copy.
-_TEED_PREFIXES = TEED_PREFIXES
-
 TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
 """``(metrics, prefix, step, step_finished, enqueued_ns)``: one dict handed to the tee.
 
@@ -93,7 +90,7 @@ def tee_rl_metrics_to_otel(
     if queue is None:
         return
     try:
-        if prefix not in _TEED_PREFIXES:
+        if prefix not in TEED_PREFIXES:  # None counts as "" (§2); the rest return now
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return

@@ -62,9 +62,13 @@ class StepPolicy:
         grace = self.backstop_grace if last_was_step else 0.0
         return last_export_s + self.export_interval_s * (1.0 + grace)
 
+    def next_collect_ns(self, last_collect_ns: int) -> int:
+        """The earliest a step may complete and be collected, given the last collection."""
+        return last_collect_ns + self.min_interval_ns
+
     def may_collect(self, at_ns: int, last_collect_ns: int) -> bool:
         """Whether a step completed at ``at_ns`` may be collected, given the last collection."""
-        return at_ns >= last_collect_ns + self.min_interval_ns
+        return at_ns >= self.next_collect_ns(last_collect_ns)
 
     @property
     def settle_ns(self) -> int:

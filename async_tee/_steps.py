@@ -88,7 +88,6 @@ class StepClock:
         self._now_ns = monotonic_ns
         self._wall_s = wall_s
         self._settle_ns = policy.settle_ns
-        self._min_interval_ns = policy.min_interval_ns
         self._last_collect_ns = -(2**62)  # when the last step export's step completed
         self._step: float | None = None  # the newest step seen
         self._state = _COMPLETED
@@ -149,11 +148,11 @@ class StepClock:
                 # Settled before the interval allows its export, the step would only wait:
                 # wake when it can be exported (a wake costs far more than this check; at 10
                 # steps a second settling each would be 10 wakes a second for one export).
-                next_collect_ns = self._last_collect_ns + self._min_interval_ns
+                next_collect_ns = self._policy.next_collect_ns(self._last_collect_ns)
                 due = (max(settled_at, next_collect_ns) - now) / 1e9
             # With no reader to drive, completing only records rl.step: the next drain does.
         if self._waiting and not self._try_collect(now):
-            wait = (self._last_collect_ns + self._min_interval_ns - now) / 1e9
+            wait = (self._policy.next_collect_ns(self._last_collect_ns) - now) / 1e9
             due = wait if due is None else min(due, wait)
         return due
 
