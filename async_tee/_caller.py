@@ -18,7 +18,7 @@ from time import monotonic_ns
 from typing import Any, TypeAlias
 
 from async_tee._handoff import DropOldestQueue
-from async_tee._mapping import SETUP_PREFIX, TEED_PREFIXES
+from async_tee._mapping import BUILT_IN_PREFIXES, TRAIN_PREFIXES
 from async_tee._reporting import warn_once
 
 TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
@@ -39,22 +39,33 @@ C call whose cost grows with the dict; picking the read keys costs the same what
 size. The threshold sits above the size where the two cost the same (measured by
 ``benchmarks/bench_sizes.py``), so the common dict keeps its one-call copy."""
 
+_FILTERED_PREFIXES = (*TRAIN_PREFIXES, None)
+"""The prefixes whose large dicts are snapshotted to ``_READ_KEYS``."""
+
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
-# The keys the running session's worker reads from a train/"" dict: written with _QUEUE.
+# The keys the running session's worker reads from a train/"" dict, and the prefixes it
+# takes (the built-in families' and the declared rows'): written with _QUEUE, before it.
 _READ_KEYS: tuple[str, ...] = ()
+_PREFIXES: frozenset[str | None] = frozenset(BUILT_IN_PREFIXES)
 
 
-def attach(queue: DropOldestQueue[Snapshot] | None, read_keys: tuple[str, ...] = ()) -> None:
+def attach(
+    queue: DropOldestQueue[Snapshot] | None,
+    read_keys: tuple[str, ...] = (),
+    prefixes: frozenset[str | None] = frozenset(BUILT_IN_PREFIXES),
+) -> None:
     """Point the tee at ``queue`` (None turns it off). Only the session lifecycle calls this.
 
     Args:
         queue: The session's hand-off queue, or None.
         read_keys: Every key the worker reads from a ``train`` or ``""`` dict.
+        prefixes: Every prefix the worker reads (``MappingPlan.prefixes``).
     """
-    global _QUEUE, _READ_KEYS
+    global _QUEUE, _READ_KEYS, _PREFIXES
     _READ_KEYS = read_keys
+    _PREFIXES = prefixes
     _QUEUE = queue
 
 
@@ -77,12 +88,14 @@ def tee_rl_metrics_to_otel(
 
     Args:
         metrics: The dict handed to ``Logger.log_metrics``.
-        prefix: Its prefix; only ``train``, ``""`` (or None) and ``timing/setup`` are teed.
+        prefix: Its prefix; only the prefixes the session reads are teed (the built-in
+            families' and the declared rows', docs/semantics.md §2).
         step: The step the Logger passes; counter deltas count once per step and key.
         step_finished: True on the Logger's last call of a step, teed prefix or not: the
             step is then complete and its values are exported promptly (a prefix that is
-            not teed enqueues only a small marker). Callers that never pass it have a
-            step completed when the first dict of a later step arrives.
+            not teed enqueues only a small marker). Callers that pass no step at all have
+            their steps numbered by the worker, each ended by the ``timing/train`` dict
+            (docs/semantics.md §9).
 
     Never raises: ``Logger.log_metrics`` calls it unguarded on every step.
     """
@@ -90,11 +103,11 @@ def tee_rl_metrics_to_otel(
     if queue is None:
         return
     try:
-        if prefix not in TEED_PREFIXES:  # None counts as "" (§2); the rest return now
+        if prefix not in _PREFIXES:  # None counts as "" (§2); the rest return now
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return
-        if len(metrics) > FILTER_ABOVE and prefix != SETUP_PREFIX:
+        if len(metrics) > FILTER_ABOVE and prefix in _FILTERED_PREFIXES:
             snapshot = {key: metrics[key] for key in _READ_KEYS if key in metrics}
         else:
             snapshot = dict(metrics)

@@ -45,6 +45,19 @@ MEASUREMENT_KINDS = (
     THREAD_SECONDS_MEASUREMENT,
 )
 
+PER_STEP_PREFIXES = ("train", "")
+"""The prefixes a row with no prefix of its own reads: the per-step dicts."""
+
+SETUP_PREFIX = "timing/setup"
+"""Prefix of the start-up phases dict, logged once at step 0."""
+
+STEP_TIMING_PREFIX = "timing/train"
+"""Prefix of the step's timing dict, the last dict of every NeMo-RL step: its keys no row
+reads are the step's phases, and it ends a step for callers that pass no step."""
+
+ROWLESS_PREFIXES = (SETUP_PREFIX,)
+"""Prefixes whose every key belongs to a derived family: no row may be declared there."""
+
 # OTel's SDK raises a bare Exception at instrument creation for any other name, and for a
 # unit that is not ASCII or longer than 63 characters: catch both at declaration instead.
 _INSTRUMENT_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
@@ -142,6 +155,9 @@ class TeedMetric:
             counter is fed the logged value as a delta.
         unit: UCUM-ish unit string, or empty when dimensionless.
         description: Help text carried to the backend.
+        prefix: The prefix of the dict its key arrives in (``"performance"``,
+            ``"timing/train"``, ``""``, ...). None, the default, means the per-step
+            dicts: ``train`` and ``""``. A key is read only from its own dict's prefix.
     """
 
     logger_key: str
@@ -149,16 +165,34 @@ class TeedMetric:
     kind: str = "gauge"
     unit: str = ""
     description: str = ""
+    prefix: str | None = None
 
     @functools.cached_property
     def key(self) -> str:
         """Registry key recorded against (computed once: the worker reads it per dict)."""
         return registry_key(self.name)
 
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """The prefixes of the dicts this row reads (None: the per-step ``train``, ``""``)."""
+        return PER_STEP_PREFIXES if self.prefix is None else (self.prefix,)
+
+    @property
+    def source(self) -> str:
+        """Where its value is logged, as a reader writes it: ``performance/tokens_per_sec``."""
+        return f"{self.prefix}/{self.logger_key}" if self.prefix else self.logger_key
+
     def validate(self) -> None:
-        """Raise ``ValueError`` for a malformed row (logger key, name, kind, unit)."""
+        """Raise ``ValueError`` for a malformed row (logger key, prefix, name, kind, unit)."""
         if not isinstance(self.logger_key, str) or not self.logger_key:
             raise ValueError(f"series {self.name!r}: logger_key must be a non-empty string")
+        if self.prefix is not None and not isinstance(self.prefix, str):
+            raise ValueError(f"series {self.name!r}: prefix must be a string or None")
+        if self.prefix in ROWLESS_PREFIXES:
+            raise ValueError(
+                f"series {self.name!r}: every key of a {self.prefix!r} dict is read as a "
+                "start-up phase (rl.setup.duration); declare no row under it"
+            )
         if self.kind not in SYNCHRONOUS_KINDS:
             raise ValueError(
                 f"teed series {self.name!r}: kind {self.kind!r} is not one of "
@@ -223,7 +257,7 @@ class Declarations:
     """Every declaration of this process, in one place.
 
     Attributes:
-        teed: Teed rows by logger key, in declaration order.
+        teed: Teed rows by (prefix, logger key), in declaration order.
         recorded: Directly recorded rows by series name, in declaration order.
         defaults: Series names of shipped rows that a user's row may replace.
         frozen: Whether declaration is closed (telemetry has started).
@@ -233,7 +267,7 @@ class Declarations:
     """
 
     def __init__(self) -> None:
-        self.teed: dict[str, TeedMetric] = {}
+        self.teed: dict[tuple[str | None, str], TeedMetric] = {}
         self.recorded: dict[str, RecordedMetric] = {}
         self.defaults: set[str] = set()
         self.frozen = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from async_tee._declarations import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
+    STEP_TIMING_PREFIX,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
@@ -78,6 +79,173 @@ VLLM_DELTAS = (
 )
 """docs/semantics.md §3b: per-step deltas of the engine's counters (counters) and two gauges."""
 
+TRAINING_GAUGES = (
+    TeedMetric(
+        "mean_total_reward", "rl.reward.total.mean", description="Mean total reward (shaped)."
+    ),
+    TeedMetric(
+        "gen_kl_error",
+        "rl.generation.kl_error",
+        description="KL error between the generation and training policies' logprobs.",
+    ),
+    TeedMetric(
+        "token_mult_prob_error",
+        "rl.logprob.token_mult_error",
+        description="Mean multiplicative token-probability error, generation vs training.",
+    ),
+    TeedMetric(
+        "buffer_size",
+        "rl.replay_buffer.size",
+        unit="{trajectory}",
+        description="Trajectories waiting in the replay buffer (async runs).",
+    ),
+    TeedMetric(
+        "avg_trajectory_age",
+        "rl.trajectory.age.mean",
+        unit="{step}",
+        description="Mean age of the trained trajectories, in policy versions (async runs).",
+    ),
+    TeedMetric(
+        "truncation_rate",
+        "rl.truncation.ratio",
+        unit="1",
+        description="Share of generations truncated at the length limit.",
+    ),
+)
+"""docs/semantics.md §3a: more per-step gauges of the ``train`` dict."""
+
+
+def _throughput(key: str, name: str, unit: str, description: str) -> TeedMetric:
+    return TeedMetric(key, name, unit=unit, description=description, prefix=PERFORMANCE_PREFIX)
+
+
+PERFORMANCE_PREFIX = "performance"
+THROUGHPUT = (
+    _throughput("tokens_per_sec", "rl.throughput.tokens", "{token}/s", "Tokens per second."),
+    _throughput(
+        "tokens_per_sec_per_gpu",
+        "rl.throughput.tokens.per_gpu",
+        "{token}/s",
+        "Tokens per second per GPU.",
+    ),
+    _throughput("samples_per_sec", "rl.throughput.samples", "{sample}/s", "Samples per second."),
+    _throughput(
+        "samples_per_sec_per_gpu",
+        "rl.throughput.samples.per_gpu",
+        "{sample}/s",
+        "Samples per second per GPU.",
+    ),
+    _throughput(
+        "generation_tokens_per_sec",
+        "rl.throughput.generation.tokens",
+        "{token}/s",
+        "Generated tokens per second.",
+    ),
+    _throughput(
+        "generation_tokens_per_sec_per_gpu",
+        "rl.throughput.generation.tokens.per_gpu",
+        "{token}/s",
+        "Generated tokens per second per generation GPU.",
+    ),
+    _throughput(
+        "training_worker_group_tokens_per_sec",
+        "rl.throughput.training.tokens",
+        "{token}/s",
+        "Tokens per second through the training workers.",
+    ),
+    _throughput(
+        "training_worker_group_tokens_per_sec_per_gpu",
+        "rl.throughput.training.tokens.per_gpu",
+        "{token}/s",
+        "Tokens per second per training GPU.",
+    ),
+    _throughput(
+        "policy_training_tokens_per_sec_per_gpu",
+        "rl.throughput.policy_training.tokens.per_gpu",
+        "{token}/s",
+        "Tokens per second per GPU in the policy's training phase.",
+    ),
+    _throughput(
+        "policy_and_reference_logprobs_tokens_per_sec_per_gpu",
+        "rl.throughput.logprobs.tokens.per_gpu",
+        "{token}/s",
+        "Tokens per second per GPU in the policy and reference logprob phase.",
+    ),
+    TeedMetric(
+        "average_token_imbalance",
+        "rl.token_imbalance.mean",
+        description="Mean token imbalance across data-parallel ranks.",
+        prefix=PERFORMANCE_PREFIX,
+    ),
+)
+"""docs/semantics.md §3a: the ``performance`` dict, logged every step."""
+
+STEP_TIMING = (
+    TeedMetric(
+        "total_step_time",
+        "rl.step.duration",
+        unit="s",
+        description="Wall time of the whole step.",
+        prefix=STEP_TIMING_PREFIX,
+    ),
+    TeedMetric(
+        "valid_tokens_per_sec_per_gpu",
+        "rl.throughput.valid_tokens.per_gpu",
+        unit="{token}/s",
+        description="Valid (unpadded) tokens per second per GPU over the whole step.",
+        prefix=STEP_TIMING_PREFIX,
+    ),
+)
+"""docs/semantics.md §3e: the ``timing/train`` keys that are not phases."""
+
+VALIDATION_PREFIX, VALIDATION_TIMING_PREFIX = "validation", "timing/validation"
+VALIDATION = (
+    TeedMetric(
+        "accuracy",
+        "rl.validation.accuracy",
+        unit="1",
+        description="Validation accuracy (share of correct samples).",
+        prefix=VALIDATION_PREFIX,
+    ),
+    TeedMetric(
+        "avg_length",
+        "rl.validation.response.length.mean",
+        unit="{token}",
+        description="Mean validation response length.",
+        prefix=VALIDATION_PREFIX,
+    ),
+    TeedMetric(
+        "pass_k",
+        "rl.validation.pass_at_k",
+        unit="1",
+        description="Share of validation prompts with at least one correct generation.",
+        prefix=VALIDATION_PREFIX,
+    ),
+    TeedMetric(
+        "total_validation_time",
+        "rl.validation.duration",
+        unit="s",
+        description="Wall time of the validation run.",
+        prefix=VALIDATION_TIMING_PREFIX,
+    ),
+)
+"""docs/semantics.md §3a: logged every N steps, so present in those steps' exports only."""
+
+EFFICIENCY_TOTALS = tuple(
+    TeedMetric(f"efficiency/{key}", name, unit="s", description=description, prefix="")
+    for key, name, description in (
+        ("total_wall_time_s", "rl.efficiency.wall_time", "Wall time the efficiency covers."),
+        ("productive_time_s", "rl.efficiency.productive", "Productive seconds of that time."),
+        ("total_waste_s", "rl.efficiency.waste", "Idle and wasted seconds of that time."),
+        (
+            "thread_seconds_total_s",
+            "rl.efficiency.thread_time",
+            "Seconds summed across concurrent threads (may exceed wall time).",
+        ),
+    )
+)
+"""docs/semantics.md §3c: the efficiency dict's totals, kept out of the per-category series."""
+
 EFFICIENCY_CATEGORIES = {
     INIT_TOTAL_CATEGORY: EfficiencyCategory(WALL_CLOCK_MEASUREMENT, "overhead"),
     "idle/buffer_starvation": EfficiencyCategory(WALL_CLOCK_MEASUREMENT, "idle"),
@@ -93,7 +261,16 @@ EFFICIENCY_CATEGORIES = {
 
 def declare_defaults() -> None:
     """Declare the shipped rows and categories (idempotent; done at ``import async_tee``)."""
-    declare_teed(TRAINING_SCALARS + VLLM_DELTAS, default=True)
+    declare_teed(
+        TRAINING_SCALARS
+        + VLLM_DELTAS
+        + TRAINING_GAUGES
+        + THROUGHPUT
+        + STEP_TIMING
+        + VALIDATION
+        + EFFICIENCY_TOTALS,
+        default=True,
+    )
     set_efficiency_categories(EFFICIENCY_CATEGORIES)
 
 

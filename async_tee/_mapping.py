@@ -17,18 +17,35 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from async_tee import _series
-from async_tee._declarations import WALL_CLOCK_MEASUREMENT, EfficiencyCategory, TeedMetric
+from async_tee._declarations import (
+    PER_STEP_PREFIXES,
+    SETUP_PREFIX,
+    STEP_TIMING_PREFIX,
+    WALL_CLOCK_MEASUREMENT,
+    EfficiencyCategory,
+    TeedMetric,
+)
 from async_tee.registry import NO_ATTRIBUTES, FrozenAttributes
-from async_tee.vocabulary import RUN_WINDOW_WALL_CLOCK_CATEGORIES, as_scalar, teed_metrics
+from async_tee.vocabulary import (
+    DEVICE_TENSOR,
+    NOT_A_NUMBER,
+    RUN_WINDOW_WALL_CLOCK_CATEGORIES,
+    as_scalar,
+    skip_reason,
+    teed_metrics,
+)
 
-TRAIN_PREFIXES: tuple[str | None, ...] = ("train", "")
+TRAIN_PREFIXES: tuple[str | None, ...] = PER_STEP_PREFIXES
 """Prefixes of the per-step dicts (the training scalars and the efficiency dict)."""
 
-SETUP_PREFIX = "timing/setup"
-"""Prefix of the start-up phases dict, logged once at step 0."""
-
-TEED_PREFIXES = frozenset((*TRAIN_PREFIXES, None, SETUP_PREFIX))
-"""Every prefix the tee takes; None counts as ``""``."""
+BUILT_IN_PREFIXES: tuple[str | None, ...] = (
+    *TRAIN_PREFIXES,
+    None,
+    SETUP_PREFIX,
+    STEP_TIMING_PREFIX,
+)
+"""The prefixes the tee takes whatever rows are declared (their families are built in);
+the declared rows' prefixes add to them (:attr:`MappingPlan.prefixes`)."""
 
 STEP_WINDOW = "step"
 """The value covers the current step (the driver resets its timer every step)."""
@@ -52,33 +69,67 @@ class Store(Protocol):
 
 
 ScalarPlan = tuple[tuple[str, str, bool, "Store | None"], ...]
-"""Per declared row: its ``Logger`` key, its registry key, whether it is a counter (fed
-per-step deltas), and its table (None: every value takes the registry's checks)."""
+"""Per declared row of one prefix: its ``Logger`` key, its registry key, whether it is a
+counter (fed per-step deltas), and its table (None: every value takes the registry's checks)."""
 
 EfficiencyPlan = tuple[tuple[str, str], ...]
 """Per known category: its ``Logger`` seconds key and the category."""
 
+Skipped = dict[str, int]
+"""Values not taken, by reason (``async_tee.values.skipped{reason}``)."""
+
+UNKNOWN_CATEGORY = "unknown_category"
+"""The reason an ``efficiency/<c>_s`` value of a category not in the map is not taken."""
+
+SKIP_REASONS = (
+    "non_finite",
+    "rejected",
+    "cardinality",
+    NOT_A_NUMBER,
+    DEVICE_TENSOR,
+    "unknown_category",
+    "stale_step",
+)
+"""Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
+the registry's three, and the mapping's: not a number, a tensor on an accelerator, an
+efficiency category not in the map, a gauge value of a step already exported."""
+
+STALE_STEP = "stale_step"
+"""The reason a gauge value of a dict of an older step is not taken: the tables hold a
+newer step's values, and an export names one step (docs/semantics.md §9)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class MappingPlan:
-    """What the mapping reads from a ``train`` or ``""`` dict, compiled once a session.
+    """What the mapping reads from each teed dict, compiled once a session.
 
     Attributes:
-        scalars: The declared rows, in declaration order.
+        scalars: The declared rows each prefix's dicts are read for (``""`` for None), in
+            declaration order.
         efficiency: The known efficiency categories.
         efficiency_attributes: Each category's attribute set on ``rl.efficiency.seconds``.
-        read_keys: Every key read, and no other (the caller snapshots a very large dict to
-            these, §6).
+        efficiency_keys: Every ``efficiency/`` key of a ``""`` dict that is read (by a
+            category or a row); another ``efficiency/<c>_s`` is an unknown category.
+        phase_rows: The ``timing/train`` keys a row reads: not step phases.
+        read_keys: Every key read from a ``train``/``""`` dict, and no other (the caller
+            snapshots a very large dict to these, §6).
+        prefixes: Every prefix the tee takes (None counts as ``""``).
     """
 
-    scalars: ScalarPlan
+    scalars: Mapping[str, ScalarPlan]
     efficiency: EfficiencyPlan
     efficiency_attributes: Mapping[str, FrozenAttributes]
+    efficiency_keys: frozenset[str]
+    phase_rows: frozenset[str]
     read_keys: tuple[str, ...]
+    prefixes: frozenset[str | None]
 
     def bind(self, tables: Mapping[str, Store]) -> MappingPlan:
         """The same plan with each row's table (a session's registry), for the fast path."""
-        scalars = tuple((lk, key, counted, tables.get(key)) for lk, key, counted, _ in self.scalars)
+        scalars = {
+            prefix: tuple((lk, key, counted, tables.get(key)) for lk, key, counted, _ in plan)
+            for prefix, plan in self.scalars.items()
+        }
         return dataclasses.replace(self, scalars=scalars)
 
 
@@ -140,29 +191,50 @@ def compile_plan(
     rows: Iterable[TeedMetric], categories: Mapping[str, EfficiencyCategory]
 ) -> MappingPlan:
     """The plan for these rows and categories (the closed declarations, at session start)."""
-    scalars = _scalar_plan(rows)
+    rows = tuple(rows)
+    by_prefix: dict[str, list[TeedMetric]] = {prefix or "": [] for prefix in BUILT_IN_PREFIXES}
+    for row in rows:
+        for prefix in row.prefixes:
+            by_prefix.setdefault(prefix, []).append(row)
+    del by_prefix[SETUP_PREFIX]  # its every key is a start-up phase
+    scalars = {prefix: _scalar_plan(group) for prefix, group in by_prefix.items()}
     efficiency = _efficiency_plan(categories)
-    keys = [logger_key for logger_key, *_ in scalars]
-    keys += [seconds_key for seconds_key, _ in efficiency]
-    keys += [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
+    seconds_keys = [seconds_key for seconds_key, _ in efficiency]
+    pct_keys = [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
+    keys = [logger_key for prefix in TRAIN_PREFIXES for logger_key, *_ in scalars[prefix or ""]]
+    row_keys = {logger_key for logger_key, *_ in scalars[""]}
     return MappingPlan(
-        scalars, efficiency, efficiency_attributes(categories), tuple(dict.fromkeys(keys))
+        scalars=scalars,
+        efficiency=efficiency,
+        efficiency_attributes=efficiency_attributes(categories),
+        efficiency_keys=frozenset((*seconds_keys, *pct_keys, *row_keys)),
+        phase_rows=frozenset(logger_key for logger_key, *_ in scalars[STEP_TIMING_PREFIX]),
+        read_keys=tuple(dict.fromkeys([*keys, *seconds_keys, *pct_keys])),
+        prefixes=frozenset((*BUILT_IN_PREFIXES, *by_prefix)),
     )
+
+
+def _skip(skipped: Skipped | None, reason: str) -> None:
+    if skipped is not None:
+        skipped[reason] = skipped.get(reason, 0) + 1
 
 
 def scalar_values(
     plan: ScalarPlan,
     metrics: Mapping[str, Any],
     step: Any = None,
-    first_time: Callable[[Any, str], bool] | None = None,
+    first_time: Callable[[Any, str, float], bool] | None = None,
+    skipped: Skipped | None = None,
+    stale: bool = False,
 ) -> dict[str, float]:
     """Map the declared rows of one dict: ``{registry key: value}`` left to record.
 
     A value a row's table stores in one step (a finite float) is recorded there and left
     out; a counter's value counts only the first time its ``(step, key)`` is seen
     (``first_time``; without a step, or without ``first_time``, every value counts). An
-    absent key or a value that is not a scalar is left out: absent means no data, never
-    zero.
+    absent key (or None) is left out: absent means no data, never zero. A value that is
+    not a scalar is left out and counted in ``skipped`` by reason; so is a gauge's value
+    from a dict of an older step (``stale``), whose counters still count.
     """
     get = metrics.get
     values: dict[str, float] = {}
@@ -170,13 +242,18 @@ def scalar_values(
         raw = get(logger_key)
         if raw is None:
             continue
-        if not counted and table is not None and table.store(raw, NO_ATTRIBUTES):
-            continue
+        if not counted:
+            if stale:
+                _skip(skipped, STALE_STEP)
+                continue
+            if table is not None and table.store(raw, NO_ATTRIBUTES):
+                continue
         value = as_scalar(raw)
         if value is None:
+            _skip(skipped, skip_reason(raw))
             continue
         if counted:  # a step's delta counts once: check before adding it
-            if step is not None and first_time is not None and not first_time(step, key):
+            if step is not None and first_time is not None and not first_time(step, key, value):
                 continue
             if table is not None and table.store(raw, NO_ATTRIBUTES):
                 continue
@@ -189,13 +266,14 @@ def efficiency_values(
     metrics: Mapping[str, Any],
     table: Store | None = None,
     attributes: Mapping[str, FrozenAttributes] | None = None,
+    skipped: Skipped | None = None,
 ) -> Iterator[tuple[str, float]]:
     """Map the known categories' seconds of one dict: ``(category, seconds)`` left to record.
 
     Only the known categories' keys are read, so the aggregate ``efficiency/*_s`` keys
     (``total_waste_s``, ``productive_time_s``, ...) stay out of the per-category series.
     With a ``table`` (and the categories' ``attributes``), a finite float is stored at once
-    and left out. Values that are not scalars are left out.
+    and left out. Values that are not scalars are left out (and counted in ``skipped``).
     """
     get = metrics.get
     for seconds_key, category in plan:
@@ -207,6 +285,44 @@ def efficiency_values(
         value = as_scalar(raw)
         if value is not None:
             yield category, value
+        else:
+            _skip(skipped, skip_reason(raw))
+
+
+def unknown_categories(metrics: Mapping[str, Any], read: frozenset[str]) -> list[str]:
+    """The ``efficiency/<c>_s`` keys of a ``""`` dict that nothing reads: unknown categories.
+
+    A category the trainer added after the map was written would otherwise be lost in
+    silence; the caller counts and names them.
+    """
+    return [
+        key
+        for key in metrics
+        if isinstance(key, str)
+        and key.startswith(EFFICIENCY_KEY_PREFIX)
+        and key.endswith(EFFICIENCY_SECONDS_SUFFIX)
+        and key not in read
+    ]
+
+
+def step_phase_values(
+    metrics: Mapping[str, Any], rows: frozenset[str], skipped: Skipped | None = None
+) -> Iterator[tuple[str, float]]:
+    """The step's phases in a ``timing/train`` dict: ``(phase, seconds)``, phase = the key.
+
+    Every key a row does not read is a phase (``total_step_time`` is a row, the step's
+    whole time). Phases nest and overlap (``prepare_for_generation/total`` holds
+    ``prepare_for_generation/transfer_and_update_weights``): one dimensioned series, never
+    summed. Values that are not scalars are left out (and counted in ``skipped``).
+    """
+    for key, raw in metrics.items():
+        if key in rows or not isinstance(key, str) or not key or raw is None:
+            continue
+        value = as_scalar(raw)
+        if value is None:
+            _skip(skipped, skip_reason(raw))
+        else:
+            yield key, value
 
 
 def map_efficiency_pct(metrics: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -263,19 +379,25 @@ _cached_efficiency_plan = functools.lru_cache(maxsize=8)(_efficiency_plan)
 
 
 def map_teed_scalars(
-    metrics: Mapping[str, Any], rows: Iterable[TeedMetric] | None = None
+    metrics: Mapping[str, Any],
+    rows: Iterable[TeedMetric] | None = None,
+    prefix: str | None = "train",
 ) -> dict[str, float]:
     """Extract ``{registry key: value}`` for every declared row present in ``metrics``.
 
     Args:
         metrics: A raw ``Logger`` metrics dict.
-        rows: The rows to look up; every declared teed row by default.
+        rows: The rows to look up; every declared teed row by default. Only the rows that
+            read ``prefix`` are looked up.
+        prefix: The prefix ``metrics`` was logged under (a key is read only from its own
+            dict's prefix); ``train`` by default.
 
     Returns:
         Counters included, e.g. ``{"reward_mean": 0.75, "vllm_prompt_tokens": 400.0}``.
         An absent key or a value that is not a scalar is left out.
     """
-    plan = _cached_scalar_plan(teed_metrics() if rows is None else tuple(rows))
+    candidates = teed_metrics() if rows is None else tuple(rows)
+    plan = _cached_scalar_plan(tuple(row for row in candidates if (prefix or "") in row.prefixes))
     return scalar_values(plan, metrics)
 
 

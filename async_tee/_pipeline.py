@@ -29,6 +29,7 @@ from async_tee._caller import Snapshot
 from async_tee._delivery import TRIGGERS, ExportCounts
 from async_tee._exporters import EXPORTER_KINDS, ExporterState, close_servers
 from async_tee._handoff import DropOldestQueue
+from async_tee._mapping import SKIP_REASONS
 from async_tee._policy import StepPolicy
 from async_tee._provider import BuiltProvider, build_meter_provider
 from async_tee._recorder import CountedSteps, RLRecorder
@@ -71,7 +72,7 @@ def _idle_stats(settings: Settings) -> dict[str, Any]:
         "capacity": 0,
         "dropped_by_reason": {"overflow": 0, "error": 0, "shutdown": 0, "snapshot": 0},
         "lag_ms": {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0},
-        "values_skipped": {"non_finite": 0, "rejected": 0, "cardinality": 0},
+        "values_skipped": dict.fromkeys(SKIP_REASONS, 0),
         "non_finite_by_series": {},
         "errors": {"tee": 0, "registry": 0},
         "exports": {"success": 0, "failure": 0},
@@ -255,6 +256,11 @@ class Pipeline:
         return self.recorder.read_keys
 
     @property
+    def prefixes(self) -> frozenset[str | None]:
+        """Every prefix the worker reads (the caller's gate)."""
+        return self.recorder.plan.prefixes
+
+    @property
     def is_open(self) -> bool:
         """Whether the session has not been shut down."""
         return not self._closed
@@ -335,11 +341,17 @@ class Pipeline:
         if len(snapshot) == 5:
             metrics, prefix, raw_step, finished, enqueued_ns = snapshot
             steps = self.steps
-            step = steps.usable(raw_step)  # a number or None, never an array to store
+            # A number or None, never an array to store; numbered here when no caller passes one.
+            step, ends = steps.step_of(raw_step, prefix, finished)
             steps.before(step, enqueued_ns)
             if metrics is not None:  # None: a bare end-of-step marker
-                self.recorder.tee(metrics, prefix, step)
-            if finished:
+                recorder = self.recorder
+                recorder.probing = steps.probing
+                recorder.tee(metrics, prefix, step, steps.is_stale(step))
+                if recorder.unmarked:  # the loop ends no step with a step-ending dict
+                    steps.stop_numbering()
+                    recorder.probing = recorder.unmarked = False
+            if ends:
                 steps.finished(step)
         else:
             self.recorder.record(snapshot[0], snapshot[1])
@@ -456,6 +468,8 @@ class Pipeline:
                 "samples": len(lags),
             },
             "values_skipped": {
+                **dict.fromkeys(SKIP_REASONS, 0),
+                **self.recorder.skipped,
                 "non_finite": rc.non_finite,
                 "rejected": rc.rejected,
                 "cardinality": rc.cardinality,

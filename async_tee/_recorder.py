@@ -8,22 +8,31 @@ on the worker thread (or inline, in the benchmarks' baseline); never raises.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _series
-from async_tee._declarations import EfficiencyCategory, TeedMetric
+from async_tee._declarations import (
+    SETUP_PREFIX,
+    STEP_TIMING_PREFIX,
+    EfficiencyCategory,
+    TeedMetric,
+)
 from async_tee._mapping import (
     PCT_ATTRIBUTES,
-    SETUP_PREFIX,
-    TRAIN_PREFIXES,
+    STALE_STEP,
+    UNKNOWN_CATEGORY,
     MappingPlan,
+    Skipped,
     compile_plan,
     efficiency_values,
     map_efficiency_pct,
     map_setup_seconds,
     scalar_values,
+    step_phase_values,
+    unknown_categories,
 )
 from async_tee._reporting import warn_once
 from async_tee._rl_group import RL_METRIC_GROUP
@@ -33,7 +42,7 @@ from async_tee.registry import (
     InstrumentRegistry,
     instrument_registry,
 )
-from async_tee.vocabulary import efficiency_categories, teed_metrics
+from async_tee.vocabulary import efficiency_categories, recorded_metrics, teed_metrics
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -43,8 +52,12 @@ if TYPE_CHECKING:
 _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key
 _SETUP_DURATION_KEY = _series.SETUP_DURATION.key
+_STEP_PHASE_KEY = _series.STEP_PHASE_DURATION.key
 _STEP_KEY = _series.STEP.key
 _STEP_TIME_KEY = _series.STEP_TIME.key
+
+_PHASES_CACHED = 1024
+"""Step phases whose attribute set is kept built; past it each is built per record."""
 
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
@@ -65,7 +78,7 @@ class CountedSteps:
         self.capacity = capacity
         self._by_step: OrderedDict[Hashable, set[str]] = OrderedDict()
 
-    def first_time(self, step: Any, key: str) -> bool:
+    def first_time(self, step: Any, key: str, _value: float = 0.0) -> bool:
         """Whether ``key``'s delta for ``step`` has not been added yet (and note it now).
 
         A step that cannot be hashed or compared is no step: every delta counts.
@@ -106,9 +119,22 @@ class RLRecorder:
         self.plan = compile_plan(rows, categories)
         self.efficiency_attributes = self.plan.efficiency_attributes
         self.counted = CountedSteps()
+        self.skipped: Skipped = {}  # values not taken at mapping, by reason
         self.read_keys = self.plan.read_keys  # all it reads from train/"" dicts
+        # Held for the run, not per step: the start-up phases (logged once) and the
+        # directly recorded rows (no step); every other table is published per step.
+        self._held = frozenset((_SETUP_DURATION_KEY, *(row.key for row in recorded_metrics())))
         self._bound: MappingPlan | None = None
         self._tables: dict[str, _LastValue] | None = None
+        self._per_step: tuple[_LastValue, ...] | None = None
+        self._phases: dict[str, FrozenAttributes] = {}
+        # While the first step the session numbers itself is open, a counter key logged a
+        # third time in it shows the loop ends no step with a step-ending dict: the copies
+        # held back are added after all, and ``unmarked`` tells the step clock to stop
+        # numbering (docs/semantics.md §9).
+        self.probing = False
+        self.unmarked = False
+        self._held_back: dict[str, list[float]] = {}
 
     @classmethod
     def for_meter(cls, meter: Meter) -> RLRecorder:
@@ -123,17 +149,66 @@ class RLRecorder:
         """Record ``{registry key: value}`` against the ``rl`` group. Never raises."""
         self.instruments.record(RL_METRIC_GROUP, values, attributes)
 
-    def tee(self, metrics: Mapping[str, Any], prefix: str | None, step: Any = None) -> None:
-        """Map and record one teed dict. Never raises."""
+    def tee(
+        self,
+        metrics: Mapping[str, Any],
+        prefix: str | None,
+        step: Any = None,
+        stale: bool = False,
+    ) -> None:
+        """Map and record one teed dict. Never raises.
+
+        ``stale``: the dict belongs to a step that already completed (or is older than the
+        open one), so its gauges' values are counted as skipped, not recorded: the tables
+        hold a newer step (docs/semantics.md §9). Its counters' deltas still count.
+        """
         try:
             if prefix == SETUP_PREFIX:
                 self.tee_setup(metrics)
-            elif prefix in TRAIN_PREFIXES or prefix is None:
-                self.tee_scalars(metrics, step)
-                if not prefix:
-                    self.tee_efficiency(metrics)
+                return
+            prefix = prefix or ""
+            plan = self.bound()
+            if plan.scalars.get(prefix):
+                self.tee_scalars(metrics, step, prefix, stale)
+            if prefix == "":
+                self.tee_efficiency(metrics, stale)
+            elif prefix == STEP_TIMING_PREFIX:
+                self.tee_step_phases(metrics, stale)
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:body", "async_tee: teeing a dict failed")
+
+    def _phase_attributes(self, phase: str) -> FrozenAttributes | dict[str, str]:
+        """A phase's attribute set, built once per phase (a bounded number of them)."""
+        found = self._phases.get(phase)
+        if found is not None:
+            return found
+        attributes = {_series.RL_STEP_PHASE_ATTR: phase}
+        if len(self._phases) >= _PHASES_CACHED:
+            return attributes  # the registry bounds the sets; the cache stops growing
+        try:
+            frozen = self._phases[phase] = FrozenAttributes(attributes)
+        except Exception:  # noqa: BLE001 - the registry's own checks count and warn
+            return attributes
+        return frozen
+
+    def _first_time(self, step: Any, key: str, value: float) -> bool:
+        """``CountedSteps.first_time`` while probing the first numbered step (see above)."""
+        if self.counted.first_time(step, key) or self.unmarked:
+            return True
+        held = self._held_back.setdefault(key, [])
+        held.append(value)
+        if len(held) < 2:  # a second copy: the sync loop's rollout keys, logged twice a step
+            return False
+        self.unmarked = True
+        held.pop()  # this copy counts now; the ones held back are added below
+        totals = {held_key: math.fsum(values) for held_key, values in self._held_back.items()}
+        self._held_back.clear()
+        self.record(totals)
+        return True
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        """Count values not taken at mapping (``async_tee.values.skipped{reason}``)."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
 
     def tee_setup(self, metrics: Mapping[str, Any]) -> None:
         """Emit the start-up phase durations as ``rl.setup.duration``, one point per phase."""
@@ -150,7 +225,12 @@ class RLRecorder:
         return self._tables
 
     def record_step(self, step: float, completed_at: float) -> None:
-        """Record ``rl.step`` and ``rl.step.time`` for a completed step. Never raises."""
+        """Record ``rl.step`` and ``rl.step.time`` for a completed step, then publish it.
+
+        From now on every export shows this step: each per-step table's points as they are
+        now, and the next step's values are recorded apart (``registry._LastValue.publish``).
+        Never raises.
+        """
         try:
             tables = self.tables()
             values = {}
@@ -160,8 +240,17 @@ class RLRecorder:
                     values[key] = value
             if values:
                 self.record(values)
+            for table in self.per_step_tables():
+                table.publish()
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")
+
+    def per_step_tables(self) -> tuple[_LastValue, ...]:
+        """The tables published at each completed step: every one but the held ones."""
+        if self._per_step is None:
+            held = self._held
+            self._per_step = tuple(t for k, t in self.tables().items() if k not in held)
+        return self._per_step
 
     def bound(self) -> MappingPlan:
         """The plan bound to this session's tables, once per session (the fast path)."""
@@ -169,8 +258,14 @@ class RLRecorder:
             self._bound = self.plan.bind(self.tables())
         return self._bound
 
-    def tee_scalars(self, metrics: Mapping[str, Any], step: Any = None) -> None:
-        """Emit the declared training and vLLM scalars, unlabelled.
+    def tee_scalars(
+        self,
+        metrics: Mapping[str, Any],
+        step: Any = None,
+        prefix: str = "train",
+        stale: bool = False,
+    ) -> None:
+        """Emit the declared rows that read ``prefix``'s dicts, unlabelled.
 
         A counter's delta is added the first time its ``(step, key)`` is seen; later
         copies in the same step are ignored. Without a step every call counts
@@ -178,26 +273,62 @@ class RLRecorder:
         registry's checks.
         """
         try:
-            values = scalar_values(self.bound().scalars, metrics, step, self.counted.first_time)
+            plan = self.bound().scalars.get(prefix, ())
+            first_time = self._first_time if self.probing else self.counted.first_time
+            values = scalar_values(plan, metrics, step, first_time, self.skipped, stale)
             if values:
                 self.record(values)
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:scalars", "async_tee: teeing the training scalars failed")
 
-    def tee_efficiency(self, metrics: Mapping[str, Any]) -> None:
+    def tee_efficiency(self, metrics: Mapping[str, Any], stale: bool = False) -> None:
         """Emit the ``efficiency/*`` phase durations as ``rl.efficiency.*``.
 
         Only the known categories' keys are read (``_mapping.efficiency_values``), so the
-        aggregate ``efficiency/*_s`` keys stay out of the per-category series.
+        aggregate ``efficiency/*_s`` keys stay out of the per-category series; a category
+        the map does not know is counted (``unknown_category``) and named once.
         """
         try:
+            plan = self.bound()
+            unknown = unknown_categories(metrics, plan.efficiency_keys)
+            if unknown:
+                self.skip(UNKNOWN_CATEGORY, len(unknown))
+                warn_once(
+                    "tee:efficiency:unknown",
+                    "async_tee: efficiency keys of categories not in the map are not teed "
+                    "(values.skipped{reason=unknown_category}): %s; declare them with "
+                    "set_efficiency_categories",
+                    ", ".join(repr(key) for key in unknown[:8]),
+                )
             attributes = self.efficiency_attributes
-            seconds = self.tables().get(_EFFICIENCY_SECONDS_KEY)
-            plan = self.bound().efficiency
-            for category, value in efficiency_values(plan, metrics, seconds, attributes):
-                self.record({_EFFICIENCY_SECONDS_KEY: value}, attributes[category])
+            seconds = None if stale else self.tables().get(_EFFICIENCY_SECONDS_KEY)
+            for category, value in efficiency_values(
+                plan.efficiency, metrics, seconds, attributes, self.skipped
+            ):
+                if stale:
+                    self.skip(STALE_STEP)
+                else:
+                    self.record({_EFFICIENCY_SECONDS_KEY: value}, attributes[category])
             pct = map_efficiency_pct(metrics)
             if pct is not None:
-                self.record({_EFFICIENCY_PCT_KEY: pct[0]}, PCT_ATTRIBUTES[pct[1]])
+                if stale:
+                    self.skip(STALE_STEP)
+                else:
+                    self.record({_EFFICIENCY_PCT_KEY: pct[0]}, PCT_ATTRIBUTES[pct[1]])
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:efficiency", "async_tee: teeing the efficiency metrics failed")
+
+    def tee_step_phases(self, metrics: Mapping[str, Any], stale: bool = False) -> None:
+        """Emit a ``timing/train`` dict's phases as ``rl.step.phase.duration{rl.step.phase}``.
+
+        Every key no row reads is a phase (``_mapping.step_phase_values``).
+        """
+        try:
+            rows = self.bound().phase_rows
+            for phase, seconds in step_phase_values(metrics, rows, self.skipped):
+                if stale:
+                    self.skip(STALE_STEP)
+                else:
+                    self.record({_STEP_PHASE_KEY: seconds}, self._phase_attributes(phase))
+        except Exception:  # noqa: BLE001 - one family's failure must not stop the others
+            warn_once("tee:phases", "async_tee: teeing the step phases failed")

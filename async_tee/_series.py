@@ -23,6 +23,8 @@ RL_EFFICIENCY_MEASUREMENT_ATTR = "rl.efficiency.measurement"
 RL_EFFICIENCY_WINDOW_ATTR = "rl.efficiency.window"
 RL_BUCKET_ATTR = "rl.bucket"
 RL_SETUP_PHASE_ATTR = "rl.setup.phase"
+RL_STEP_PHASE_ATTR = "rl.step.phase"
+RL_STEP_PHASE_DURATION_METRIC = "rl.step.phase.duration"
 
 SELF_METRIC_GROUP = "async_tee"
 """The registry group of the ``async_tee.*`` series."""
@@ -97,6 +99,15 @@ SETUP_DURATION = Series(
     (RL_SETUP_PHASE_ATTR,),
     "timing/setup:*_s",
 )
+STEP_PHASE_DURATION = Series(
+    "step_phase_duration",
+    RL_STEP_PHASE_DURATION_METRIC,
+    "gauge",
+    "s",
+    "Seconds the step spent in each phase of its timing dict (phases nest: never sum them).",
+    (RL_STEP_PHASE_ATTR,),
+    "timing/train:*",
+)
 
 STEP = Series(
     "step",
@@ -115,7 +126,14 @@ STEP_TIME = Series(
     logger_key="step",
 )
 
-DERIVED: tuple[Series, ...] = (EFFICIENCY_SECONDS, EFFICIENCY_PCT, SETUP_DURATION, STEP, STEP_TIME)
+DERIVED: tuple[Series, ...] = (
+    EFFICIENCY_SECONDS,
+    EFFICIENCY_PCT,
+    SETUP_DURATION,
+    STEP_PHASE_DURATION,
+    STEP,
+    STEP_TIME,
+)
 """The ``rl.*`` series the tee derives itself; no declared row may take their names."""
 
 

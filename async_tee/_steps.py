@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from async_tee._declarations import STEP_TIMING_PREFIX
 from async_tee._policy import DEFAULT_POLICY, StepPolicy
 from async_tee._reporting import warn_once
 from async_tee.vocabulary import as_scalar
@@ -71,6 +72,7 @@ class StepClock:
         *,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
         wall_s: Callable[[], float] = time.time,
+        end_prefix: str = STEP_TIMING_PREFIX,
     ) -> None:
         """A clock before any step.
 
@@ -81,6 +83,7 @@ class StepClock:
             policy: The settle time and the least interval between step exports.
             monotonic_ns: The trainer's clock (the dicts' enqueue times are on it).
             wall_s: The wall clock ``rl.step.time`` is on.
+            end_prefix: The prefix of the dict that ends a step numbered by the clock.
         """
         self._record = record
         self._reader = reader
@@ -98,6 +101,9 @@ class StepClock:
         self.exported = 0
         self.coalesced = 0
         self.unusable = 0
+        self.end_prefix = end_prefix
+        self.numbering = True  # until a dict carries a step of its own
+        self._numbered = 1.0  # the open numbered step
 
     def usable(self, step: Any) -> float | None:
         """``step`` as a float, or None for no step (counted when one was given)."""
@@ -109,6 +115,59 @@ class StepClock:
             warn_once("steps:unusable", "async_tee: a step that is not a number; taken as none")
             return None
         return value
+
+    def step_of(self, raw_step: Any, prefix: str, finished: bool) -> tuple[float | None, bool]:
+        """The step a teed dict (or marker) belongs to, and whether it ends that step.
+
+        A dict that carries a step is that step's (:meth:`usable`), and ends it when it says
+        ``step_finished``. Until the first dict that carries one, the session numbers the
+        steps itself (the seed's two-argument call passes none): a dict with no step
+        belongs to the open numbered step, 1 at first, and the step-ending dict
+        (``end_prefix``, NeMo-RL's ``timing/train``, or a ``step_finished`` call) ends it,
+        so the next dict starts the next one (docs/semantics.md §9).
+        """
+        if raw_step is not None:
+            self.numbering = False
+            return self.usable(raw_step), finished
+        if not self.numbering:
+            return None, False
+        step = self._numbered
+        if finished or prefix == self.end_prefix:
+            self._numbered += 1
+            return step, True
+        return step, False
+
+    @property
+    def probing(self) -> bool:
+        """Whether the first step the clock numbers is open: no step-ending dict seen yet."""
+        return self.numbering and self._numbered == 1.0 and self._step is not None
+
+    def stop_numbering(self) -> None:
+        """The loop ends no step with a step-ending dict: take no-step dicts as no step.
+
+        The first numbered step, never ended, is forgotten rather than completed.
+        """
+        self.numbering = False
+        if self._step is not None and self.last is None:
+            self._step, self._state = None, _COMPLETED
+        warn_once(
+            "steps:unmarked",
+            "async_tee: dicts with no step and no step-ending %r dict; their steps are not "
+            "numbered, so every export shows the latest values and no rl.step: pass step "
+            "(and step_finished) to tee_rl_metrics_to_otel",
+            self.end_prefix,
+        )
+
+    def is_stale(self, step: float | None) -> bool:
+        """Whether a dict of ``step`` (after :meth:`before`) belongs to a finished past.
+
+        Older than the open step, or the open step once it completed: its gauge values
+        would be exported under a newer step, so they are skipped (docs/semantics.md §9).
+        """
+        current = self._step
+        if step is None or current is None:
+            return False
+        return step < current or (step == current and self._state == _COMPLETED)
 
     def before(self, step: float | None, enqueued_ns: int) -> None:
         """A dict (or a bare end-of-step marker) of ``step`` (from :meth:`usable`) is next."""

@@ -88,7 +88,7 @@ def series_catalog() -> list[CatalogEntry]:
             row.unit,
             row.description,
             source="teed",
-            logger_key=row.logger_key,
+            logger_key=row.source,
         )
         for row in vocabulary.teed_metrics()
     ]
@@ -100,6 +100,7 @@ def series_catalog() -> list[CatalogEntry]:
         _series.EFFICIENCY_SECONDS.name: "efficiency",
         _series.EFFICIENCY_PCT.name: "efficiency",
         _series.SETUP_DURATION.name: "setup",
+        _series.STEP_PHASE_DURATION.name: "step",
         _series.STEP.name: "step",
         _series.STEP_TIME.name: "step",
     }

@@ -214,13 +214,13 @@ def _json_safe(value: Any, path: str, non_finite: list[str], depth: int) -> Any:
                 _json_safe(item, _join(path, index), non_finite, depth + 1)
                 for index, item in enumerate(value)
             ]
+    if _dtype_kind(value) == "b" and getattr(value, "shape", None) == ():
+        return bool(value)  # numpy's boolean scalar: a flag, written as one
     scalar = as_scalar(value)
     if scalar is not None:
         if _dtype_kind(value) in ("i", "u"):
             return _integer(value, scalar)  # numpy.int64 and friends stay integers
         return _finite(scalar, path, non_finite)
-    if _dtype_kind(value) == "b" and getattr(value, "shape", None) == ():
-        return bool(value)  # numpy's boolean scalar: a flag, not a number
     return _bounded_repr(value)
 
 

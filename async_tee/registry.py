@@ -168,9 +168,15 @@ class _Series:
 
 
 class _LastValue(_Series):
-    """A gauge: the latest value per attribute set, reported by an observable gauge."""
+    """A gauge: the latest value per attribute set, reported by an observable gauge.
 
-    __slots__ = ("_observation", "limit", "points")
+    ``points`` is what is being recorded now. Once :meth:`publish` has run (a step of a
+    per-step series completed), an export reports ``shown``, the points as they were at
+    the last publication, and ``points`` starts empty for the next step: a set not
+    recorded in a step is absent from that step's export (docs/semantics.md §9).
+    """
+
+    __slots__ = ("_observation", "limit", "points", "sets", "shown")
 
     def __init__(
         self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
@@ -180,9 +186,17 @@ class _LastValue(_Series):
         self.limit = owner.max_attribute_sets
         self.points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
         self.points = {}
+        self.shown: (
+            dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]] | None
+        ) = None
+        self.sets: set[tuple[tuple[str, AttributeValue], ...]] = set()  # admitted, bounded
 
     def _admit(self, attributes: FrozenAttributes) -> bool:
-        if attributes.key in self.points or len(self.points) < self.limit:
+        sets = self.sets
+        if attributes.key in sets:
+            return True
+        if len(sets) < self.limit:
+            sets.add(attributes.key)
             return True
         self.refuse_attribute_set(self.limit)
         return False
@@ -195,29 +209,42 @@ class _LastValue(_Series):
         self.points.pop(attributes.key, None)
 
     def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
-        """Record ``raw`` if it is a finite ``float`` for a set this gauge already holds.
+        """Record ``raw`` if it is a finite ``float`` for a set this gauge already admitted.
 
         The worker's fast path: such a value passes every check ``record`` would make
         (scalar, finite, admitted), so recording it is one store. Returns False for
         anything else, which the caller then records through :meth:`InstrumentRegistry.record`.
         """
-        if type(raw) is float and raw - raw == 0.0 and attributes.key in self.points:
+        if type(raw) is float and raw - raw == 0.0 and attributes.key in self.sets:
             self.points[attributes.key] = (raw, attributes)
             return True
         return False
 
+    def publish(self) -> None:
+        """A step completed: exports report its points from now on; the next step starts empty."""
+        self.shown, self.points = self.points, {}
+
+    def forget(self) -> None:
+        """Drop every value (a forked child exports only what it records itself)."""
+        self.points = {}
+        self.shown = None
+
     def observe(self, _options: CallbackOptions) -> list[Observation]:
         budget().spend()  # a collection is a run of callbacks: slice it between them
+        shown = self.shown
         # dict.copy() is atomic under the GIL: the exporter's thread reads a consistent
-        # snapshot while the worker keeps writing.
+        # snapshot while the worker keeps writing (a published dict is no longer written).
+        points = self.points.copy() if shown is None else shown
         return [
-            self._observation(value, attributes.mapping)
-            for value, attributes in self.points.copy().values()
+            self._observation(value, attributes.mapping) for value, attributes in points.values()
         ]
 
 
 class _RunningTotal(_LastValue):
-    """A counter or up-down counter: a running total per attribute set, fed deltas."""
+    """A counter or up-down counter: a running total per attribute set, fed deltas.
+
+    Publishing keeps the totals running and shows a copy of them as they were.
+    """
 
     __slots__ = ("monotonic",)
 
@@ -245,6 +272,11 @@ class _RunningTotal(_LastValue):
 
     def clear(self, attributes: FrozenAttributes) -> None:
         """A total has no stale value to withdraw: a non-finite delta is only skipped."""
+
+    def publish(self) -> None:
+        """A step completed: exports report the totals as they were at its end."""
+        with self.owner.lock:
+            self.shown = self.points.copy()
 
     def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
         """Add ``raw`` if it is a finite ``float`` delta for a set this total already holds.
@@ -526,7 +558,7 @@ class InstrumentRegistry:
         for instruments in self._by_group.values():
             for series in instruments.values():
                 if isinstance(series, _LastValue):
-                    series.points.clear()
+                    series.forget()
 
 
 # One registry per live meter, because the SDK keeps one instrument per name per meter for

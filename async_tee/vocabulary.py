@@ -50,6 +50,7 @@ __all__ = [
     "register_teed_metrics",
     "registry_key",
     "set_efficiency_categories",
+    "skip_reason",
     "teed_metrics",
     "validate_series",
 ]
@@ -62,7 +63,7 @@ RUN_WINDOW_WALL_CLOCK_CATEGORIES: frozenset[str] = frozenset({INIT_TOTAL_CATEGOR
 
 # The seed's module-level tables, now the process's one declarations object (the same
 # containers, so reading them here reads the declarations).
-_REGISTERED: dict[str, TeedMetric] = DECLARATIONS.teed
+_REGISTERED: dict[tuple[str | None, str], TeedMetric] = DECLARATIONS.teed
 _RECORDED: dict[str, RecordedMetric] = DECLARATIONS.recorded
 
 
@@ -76,26 +77,46 @@ def as_scalar(value: Any) -> float | None:
     """Coerce a logged value to float, or None when it is not a usable scalar.
 
     Shared by every family that reads a raw ``Logger`` dict, so they agree on what counts
-    as a number. Accepts ``int``, ``float`` and their subclasses (``numpy.float64``), any
-    other real number with ``__float__`` (``numpy.float32``/``int64``, ``Decimal``), and
-    zero-dimensional arrays or tensors that live on the CPU. Rejects ``bool`` (a flag is
-    not a measurement), strings, containers, arrays with elements, and tensors on an
-    accelerator (reading one would force a device sync). Non-finite floats are returned
-    as they are; the recording side decides what they become. Never raises.
+    as a number, and they take what the trainer's TensorBoard backend takes: ``int``,
+    ``float`` and their subclasses (``numpy.float64``), ``bool`` as 0 or 1, any other real
+    number with ``__float__`` (``numpy.float32``/``int64``, ``Decimal``), and arrays or
+    tensors of exactly one element that live on the CPU (a 0-d or shape-(1,) array, a
+    ``torch`` scalar). Rejects strings, containers, arrays with more elements, and tensors
+    on an accelerator (reading one would force a device sync); :func:`skip_reason` says
+    which. Non-finite floats are returned as they are; the recording side decides what
+    they become. Never raises.
     """
     cls = type(value)
     if cls is float:
         return value  # type: ignore[no-any-return]
-    if cls is int:
+    if cls is int or cls is bool:
         try:
             return float(value)
         except OverflowError:  # an int beyond float range is not a usable scalar
             return None
-    if cls is bool or isinstance(value, (str, bytes, bytearray, complex, dict, list, tuple)):
+    if isinstance(value, (str, bytes, bytearray, complex, dict, list, tuple)):
         return None
     if isinstance(value, (int, float)):  # subclasses: numpy.float64, IntEnum, ...
         return _to_float(value)
     return _coerce_foreign(value)
+
+
+NOT_A_NUMBER = "not_a_number"
+"""Why a string, container, multi-element array or other object is not taken."""
+
+DEVICE_TENSOR = "device_tensor"
+"""Why a tensor on an accelerator is not taken: reading it would sync the device."""
+
+
+def skip_reason(value: Any) -> str:
+    """Why :func:`as_scalar` did not take ``value``: a device tensor, or not a number."""
+    try:
+        device = getattr(value, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            return DEVICE_TENSOR
+    except Exception:  # noqa: BLE001 - a foreign object's attributes may raise anything
+        pass
+    return NOT_A_NUMBER
 
 
 def _coerce_foreign(value: Any) -> float | None:
@@ -106,9 +127,9 @@ def _coerce_foreign(value: Any) -> float | None:
         return None
 
 
-# numpy dtype kinds that hold real numbers; strings, bytes, objects, complex numbers and
-# datetimes would otherwise be parsed or truncated by float() (np.array("1.0") -> 1.0).
-_REAL_DTYPE_KINDS = ("f", "i", "u")
+# numpy dtype kinds that hold real numbers or booleans; strings, bytes, objects, complex
+# numbers and datetimes would otherwise be parsed or truncated by float() (np.array("1.0")).
+_REAL_DTYPE_KINDS = ("f", "i", "u", "b")
 
 
 def _coerce_foreign_unguarded(value: Any) -> float | None:
@@ -116,12 +137,13 @@ def _coerce_foreign_unguarded(value: Any) -> float | None:
     kind = getattr(raw_dtype, "kind", None)
     if isinstance(kind, str) and kind not in _REAL_DTYPE_KINDS:
         return None
-    dtype = "" if raw_dtype is None else str(raw_dtype)
-    if dtype in ("bool", "torch.bool") or type(value).__name__ in ("bool_", "bool"):
+    if str(raw_dtype).startswith("torch.complex"):
         return None
     shape = getattr(value, "shape", None)
     if shape is not None and tuple(shape) != ():
-        return None
+        if any(dim != 1 for dim in tuple(shape)):
+            return None  # more than one element (or none): not a scalar
+        value = value.reshape(())  # one element: read it as the 0-d value it holds
     device = getattr(value, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         return None
@@ -154,7 +176,7 @@ def _check_not_frozen(name: str) -> None:
 
 def _claimed_names() -> dict[str, str]:
     """Map every declared series name to where it was declared, for duplicate checks."""
-    claimed = {row.name: f"logger key {row.logger_key!r}" for row in _REGISTERED.values()}
+    claimed = {row.name: f"logger key {row.source!r}" for row in _REGISTERED.values()}
     claimed.update({row.name: "a recorded row" for row in _RECORDED.values()})
     return claimed
 
@@ -162,9 +184,25 @@ def _claimed_names() -> dict[str, str]:
 def _drop_default(name: str) -> None:
     """Withdraw a shipped default row so a user row can take its name or logger key."""
     DECLARATIONS.defaults.discard(name)
-    for logger_key, row in list(_REGISTERED.items()):
+    for address, row in list(_REGISTERED.items()):
         if row.name == name:
-            del _REGISTERED[logger_key]
+            del _REGISTERED[address]
+
+
+def _address(row: TeedMetric) -> tuple[str | None, str]:
+    return (row.prefix, row.logger_key)
+
+
+def _claimant(row: TeedMetric) -> TeedMetric | None:
+    """The declared row that reads ``row``'s key from one of its prefixes, if any."""
+    exact = _REGISTERED.get(_address(row))
+    if exact is not None:
+        return exact
+    prefixes = set(row.prefixes)
+    for other in _REGISTERED.values():
+        if other.logger_key == row.logger_key and prefixes.intersection(other.prefixes):
+            return other
+    return None
 
 
 def _check_prometheus(new: Iterable[TeedMetric | RecordedMetric], replaced: set[str]) -> None:
@@ -223,42 +261,45 @@ def declare_teed(rows: Iterable[TeedMetric], *, default: bool) -> None:
     for row in rows:
         _expect(row, TeedMetric)
         row.validate()
-        if _REGISTERED.get(row.logger_key) != row:  # re-declaring as is stays a no-op
+        if _REGISTERED.get(_address(row)) != row:  # re-declaring as is stays a no-op
             _check_not_frozen(row.name)
-    seen_keys: dict[str, TeedMetric] = {}
+    seen_keys: dict[tuple[str, str], TeedMetric] = {}
     seen_names: dict[str, TeedMetric] = {}
     for row in rows:  # collisions inside one call are as wrong as across calls
-        other = seen_keys.get(row.logger_key) or seen_names.get(row.name)
-        if other is not None and other != row:
-            raise ValueError(f"rows {other!r} and {row!r} collide within one declaration")
-        seen_keys[row.logger_key] = seen_names[row.name] = row
+        reads = [(prefix, row.logger_key) for prefix in row.prefixes]
+        others = [seen_keys.get(read) for read in reads] + [seen_names.get(row.name)]
+        for other in others:
+            if other is not None and other != row:
+                raise ValueError(f"rows {other!r} and {row!r} collide within one declaration")
+        seen_keys.update(dict.fromkeys(reads, row))
+        seen_names[row.name] = row
     claimed = _claimed_names()
     for row in rows:  # check every row before changing anything: a failed call changes nothing
-        existing = _REGISTERED.get(row.logger_key)
+        existing = _claimant(row)
         if existing == row:
             continue
         if existing is not None and (default or existing.name not in defaults):
             raise ValueError(
-                f"logger key {row.logger_key!r} is already teed as {existing.name!r}; "
+                f"logger key {row.source!r} is already teed as {existing.name!r}; "
                 f"cannot also tee it as {row.name!r}"
             )
         if row.name in claimed and (default or row.name not in defaults):
             raise ValueError(
                 f"series {row.name!r} is already declared by {claimed[row.name]}; "
-                f"cannot declare it again for logger key {row.logger_key!r}"
+                f"cannot declare it again for logger key {row.source!r}"
             )
-    new = [row for row in rows if _REGISTERED.get(row.logger_key) != row]
+    new = [row for row in rows if _REGISTERED.get(_address(row)) != row]
     replaced: set[str] = set()
     if not default:
         for row in new:
-            existing = _REGISTERED.get(row.logger_key)
+            existing = _claimant(row)
             if existing is not None and existing.name in defaults:
                 replaced.add(existing.name)
             if row.name in defaults:
                 replaced.add(row.name)
     _check_prometheus(new, replaced)
     for row in rows:
-        existing = _REGISTERED.get(row.logger_key)
+        existing = _claimant(row)
         if existing == row:
             continue
         if not default:
@@ -266,7 +307,7 @@ def declare_teed(rows: Iterable[TeedMetric], *, default: bool) -> None:
                 _drop_default(existing.name)
             if row.name in defaults:
                 _drop_default(row.name)
-        _REGISTERED[row.logger_key] = row
+        _REGISTERED[_address(row)] = row
         if default:
             defaults.add(row.name)
 

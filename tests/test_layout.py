@@ -256,6 +256,7 @@ def test_module_state_is_a_handful_of_names():
     mutable = {
         "async_tee._caller._QUEUE",
         "async_tee._caller._READ_KEYS",
+        "async_tee._caller._PREFIXES",
         "async_tee._telemetry._ACTIVE",
         "async_tee._telemetry._LAST",
         "async_tee._telemetry._LIFECYCLE",

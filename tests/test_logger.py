@@ -63,7 +63,7 @@ def test_backends_run_in_order_then_the_tee(provider, reader, calls):
     assert metrics_seen is train["metrics"]  # backends see the caller's dict itself
     assert (step, prefix, step_metric, finished) == (42, "train", "s", True)
     assert second.calls[1][3:] == (None, False)
-    assert async_tee.flush()
+    assert async_tee.shutdown_telemetry(5)  # completes step 43: exports show a step once complete
     assert collect(reader)[("rl.reward.mean", frozenset())] == 0.9
 
 
@@ -74,7 +74,7 @@ def test_the_tee_receives_the_step_so_counters_count_once_per_step(provider, rea
     logger.log_metrics(rollout, 7, "train")
     logger.log_metrics({**rollout, "loss": 0.1}, 7, "train")  # the same delta, merged
     logger.log_metrics(rollout, 8, "train")
-    assert async_tee.flush()
+    assert async_tee.shutdown_telemetry(5)  # completes step 8
     assert collect(reader)[("rl.vllm.prompt_tokens", frozenset())] == 800
 
 

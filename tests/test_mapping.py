@@ -84,7 +84,7 @@ def test_map_setup_seconds_on_the_fixture():
     }
 
 
-def test_map_setup_seconds_excludes_non_numbers_and_bools():
+def test_map_setup_seconds_excludes_non_numbers_and_takes_bools_as_0_or_1():
     result = map_setup_seconds(
         {
             "good_time_s": 1.5,
@@ -101,7 +101,7 @@ def test_map_setup_seconds_excludes_non_numbers_and_bools():
             7: 1.0,  # type: ignore[dict-item]
         }
     )
-    assert result == {"good": 1.5, "int": 2.0}
+    assert result == {"good": 1.5, "int": 2.0, "flag": 1.0, "off": 0.0}
     assert type(result["int"]) is float
 
 
@@ -211,7 +211,7 @@ def test_map_efficiency_seconds_skips_absent_and_non_scalar_values_keeps_nan():
     metrics = {
         "efficiency/a_s": None,
         "efficiency/b_s": "1.0",
-        "efficiency/c_s": True,
+        "efficiency/c_s": b"1",
         "efficiency/d_s": [1.0],
         "efficiency/e_s": math.nan,
         "efficiency/f_s": 2,
@@ -256,7 +256,7 @@ def test_map_efficiency_pct_numpy_flags():
         pytest.param({}, id="absent"),
         pytest.param({PCT: None, PER_STEP: 1.0}, id="none"),
         pytest.param({PCT: "93.3", PER_STEP: 1.0}, id="str"),
-        pytest.param({PCT: True, PER_STEP: 1.0}, id="bool"),
+        pytest.param({PCT: b"93.3", PER_STEP: 1.0}, id="bytes"),
         pytest.param({PCT: [93.3], PER_STEP: 1.0}, id="list"),
         pytest.param({PCT: {"v": 93.3}}, id="dict"),
         pytest.param({"efficiency/init/total_pct": 2.9, PER_STEP: 1.0}, id="other-pct-only"),
@@ -317,7 +317,7 @@ def test_map_teed_scalars_skips_none_and_non_scalars():
         {
             "reward": None,
             "loss": "0.5",
-            "grad_norm": True,
+            "grad_norm": b"1",
             "lr": [1e-5],
             "kl_penalty": math.inf,
             "vllm/prompt_tokens": 3,

@@ -108,6 +108,9 @@ def test_duplicate_per_step_logging_does_not_double_a_counter(provider, reader):
     async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 50.0}, "train", 2)
     async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 50.0}, "train", 2)
     assert async_tee.flush(BOUND_S)
+    # An export shows the last step completed: step 1, until step 2 completes.
+    assert collect(reader)[("rl.vllm.prompt_tokens", frozenset())] == 100.0
+    assert async_tee.shutdown_telemetry(BOUND_S)
     assert collect(reader)[("rl.vllm.prompt_tokens", frozenset())] == 150.0
 
 

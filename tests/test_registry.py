@@ -390,7 +390,7 @@ def test_unknown_key_warns_once_and_other_keys_still_record(meter, reader, logs)
     "value",
     [
         pytest.param("1.0", id="str"),
-        pytest.param(True, id="bool"),
+        pytest.param(b"1", id="bytes"),
         pytest.param([1.0], id="list"),
         pytest.param({"a": 1}, id="dict"),
         pytest.param(10**400, id="huge-int"),

@@ -89,6 +89,10 @@ class FakeTensor:
         self.float_calls += 1
         return float(self.value)
 
+    def reshape(self, shape):  # torch and numpy read a one-element value as a 0-d one
+        self.shape = shape
+        return self
+
 
 class CudaTensor(FakeTensor):
     """Reading it would force a device sync: __float__ must never be called."""
@@ -136,8 +140,8 @@ HUGE = 10**400
         pytest.param(HUGE, None, id="huge-int"),
         pytest.param(-HUGE, None, id="huge-negative-int"),
         pytest.param(MyInt(HUGE), None, id="huge-int-subclass"),
-        pytest.param(True, None, id="bool-true"),
-        pytest.param(False, None, id="bool-false"),
+        pytest.param(True, 1.0, id="bool-true"),
+        pytest.param(False, 0.0, id="bool-false"),
         pytest.param("1.0", None, id="str"),
         pytest.param("", None, id="empty-str"),
         pytest.param(b"1.0", None, id="bytes"),
@@ -208,14 +212,14 @@ def _numpy_cases():
         pytest.param(lambda np: np.int64(7), 7.0, id="int64"),
         pytest.param(lambda np: np.int64(2**62), float(2**62), id="int64-large"),
         pytest.param(lambda np: np.uint8(255), 255.0, id="uint8"),
-        pytest.param(lambda np: np.bool_(True), None, id="bool_-true"),
-        pytest.param(lambda np: np.bool_(False), None, id="bool_-false"),
+        pytest.param(lambda np: np.bool_(True), 1.0, id="bool_-true"),
+        pytest.param(lambda np: np.bool_(False), 0.0, id="bool_-false"),
         pytest.param(lambda np: np.array(3.5), 3.5, id="0d-array"),
         pytest.param(lambda np: np.array(4, dtype=np.int32), 4.0, id="0d-int-array"),
-        pytest.param(lambda np: np.array(True), None, id="0d-bool-array"),
+        pytest.param(lambda np: np.array(True), 1.0, id="0d-bool-array"),
         pytest.param(lambda np: np.array("1.0"), None, id="0d-str-array"),
-        pytest.param(lambda np: np.array([1.0]), None, id="1-element-array"),
-        pytest.param(lambda np: np.array([[1.0]]), None, id="1x1-array"),
+        pytest.param(lambda np: np.array([1.0]), 1.0, id="1-element-array"),
+        pytest.param(lambda np: np.array([[1.0]]), 1.0, id="1x1-array"),
         pytest.param(lambda np: np.array([1.0, 2.0]), None, id="multi-element-array"),
         pytest.param(lambda np: np.array([]), None, id="empty-array"),
         pytest.param(lambda np: np.str_("1.0"), None, id="numpy-str"),
@@ -270,9 +274,9 @@ def test_cuda_tensor_is_refused_without_reading_it():
     [
         pytest.param(FakeTensor(0.75), 0.75, 1, id="cpu-scalar"),
         pytest.param(FakeTensor(3, dtype="torch.int64"), 3.0, 1, id="cpu-int-scalar"),
-        pytest.param(FakeTensor(1.0, shape=(1,)), None, 0, id="cpu-1-element"),
+        pytest.param(FakeTensor(1.0, shape=(1,)), 1.0, 1, id="cpu-1-element"),
         pytest.param(FakeTensor(1.0, shape=(2, 2)), None, 0, id="cpu-matrix"),
-        pytest.param(FakeTensor(1.0, dtype="torch.bool"), None, 0, id="cpu-bool"),
+        pytest.param(FakeTensor(1.0, dtype="torch.bool"), 1.0, 1, id="cpu-bool"),
         pytest.param(FakeTensor(1.0, device="mps"), None, 0, id="mps"),
         pytest.param(FakeTensor(1.0, device="cuda"), None, 0, id="cuda"),
         pytest.param(FakeTensor(1.0, shape=(1,), device="cuda"), None, 0, id="cuda-1-element"),
