@@ -356,9 +356,12 @@ class Pipeline:
         else:
             self.recorder.record(snapshot[0], snapshot[1])
 
-    def _after_drain(self) -> float | None:
-        """Let the step clock settle and export; seconds until it needs the worker again."""
-        return self.steps.tick()
+    def _after_drain(self, flushing: bool = False) -> float | None:
+        """Let the step clock settle and export; seconds until it needs the worker again.
+
+        ``flushing``: a flush waits on this drain, which completes a finished step now.
+        """
+        return self.steps.tick(settle_now=flushing)
 
     def _on_worker_death(self) -> None:
         """The worker's loop ended unstopped: stop enqueuing into a queue nobody drains."""
@@ -535,6 +538,7 @@ class Pipeline:
             return False
         self.instruments.counts = RegistryCounts()
         self.recorder.counted = CountedSteps()
+        self.recorder.skipped = {}
         self.export_counts.reset()
         self._snapshot = None
         self.steps = self._new_step_clock()

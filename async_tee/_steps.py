@@ -191,8 +191,12 @@ class StepClock:
         if self._state == _OPEN and step is not None and step == self._step:
             self._state = _FINISHED
 
-    def tick(self) -> float | None:
+    def tick(self, settle_now: bool = False) -> float | None:
         """After a drain: settle a finished step, collect a waiting one if allowed.
+
+        Args:
+            settle_now: A flush waits on this drain: a finished step is complete now,
+                without waiting out the settle time (the caller has logged what it will).
 
         Returns:
             Seconds until the clock needs the worker again, or None.
@@ -200,7 +204,9 @@ class StepClock:
         now = self._now_ns()
         due: float | None = None
         if self._state == _FINISHED:
-            settled_at = self._last_ns + self._settle_ns
+            settled_at = min(now, self._last_ns + self._settle_ns) if settle_now else (
+                self._last_ns + self._settle_ns
+            )
             if settled_at <= now:
                 self._complete(settled_at)
             elif self._reader is not None:

@@ -97,7 +97,7 @@ class Worker:
         process: Callable[[Any], None],
         drain_interval_s: float,
         on_lag: Callable[[float], None] | None = None,
-        after_drain: Callable[[], float | None] | None = None,
+        after_drain: Callable[[bool], float | None] | None = None,
         on_death: Callable[[], None] | None = None,
         trickle_interval_s: float = IDLE_DRAIN_INTERVAL_S,
     ) -> None:
@@ -213,7 +213,7 @@ class Worker:
             return None
         try:
             with self.busy:
-                return self._after_drain()
+                return self._after_drain(bool(self._waiters))
         except BaseException:  # the hook must not stop the loop
             if sys.is_finalizing():
                 raise

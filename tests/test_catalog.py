@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
 from async_tee import _default_rows as default_rows
-from async_tee import _series, cli, metrics, registry
+from async_tee import _pipeline, _series, cli, metrics, registry
 from async_tee._prometheus_names import (
     check_prometheus_names,
     prometheus_label,
@@ -146,8 +146,9 @@ def test_measured_examples():
         prometheus_name("rl.x", "summary", "")
 
 
-def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls):
+def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls, monkeypatch):
     """The registry's real instruments, fed the fixture, exported by the real reader."""
+    monkeypatch.setattr(_pipeline, "SNAPSHOT_TTL_S", 0.0)  # two scrapes, each its own stats
     registry_ = prometheus_client.CollectorRegistry()
     reader = prometheus.PrometheusMetricReader(registry=registry_, disable_target_info=True)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
@@ -155,18 +156,31 @@ def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(c
         async_tee.start_telemetry(provider)
         logger = async_tee.Logger()
         for call in calls:
-            logger.log_metrics(call["metrics"], call["step"], call["prefix"])
+            logger.log_metrics(
+                call["metrics"], call["step"], call["prefix"], None, call.get("step_finished")
+            )
+        assert async_tee.flush()  # step 42 said step_finished: a flush completes it
+        step_42, _ = parse(prometheus_client.generate_latest(registry_).decode())
+        # Step 43 logs what the fixture lacks; a page shows one step, so read both.
+        extra = {"buffer_size": 3, "avg_trajectory_age": 1.5, "truncation_rate": 0.01}
         logger.log_metrics(
-            {"critic/loss": 0.2, "reward": float("nan"), "reward_std": 0.1}, 43, "train"
+            {"critic/loss": 0.2, "reward": float("nan"), "reward_std": 0.1, **extra}, 43, "train"
         )
+        logger.log_metrics({"accuracy": 0.5, "avg_length": 99, "pass_k": 0.75}, 43, "validation")
+        logger.log_metrics({"total_validation_time": 3.5}, 43, "timing/validation", None, True)
         assert async_tee.flush()
-        types, _ = parse(prometheus_client.generate_latest(registry_).decode())
+        step_43, _ = parse(prometheus_client.generate_latest(registry_).decode())
+        types = {**step_42, **step_43}
     finally:
         async_tee.shutdown_telemetry(5.0)
         provider.shutdown()
     entries = series_catalog()
-    # rl.reward.mean was withdrawn by its NaN (a gap, not a stale value); all others present
-    expected = {e.prometheus_name for e in entries if e.name != "rl.reward.mean"}
+    # Every series is on one of the two pages (rl.reward.mean, withdrawn by its NaN in step
+    # 43, on the first); neither page repeats an older step's value.
+    expected = {e.prometheus_name for e in entries}
+    assert "rl_reward_mean" in step_42
+    assert "rl_reward_mean" not in step_43
+    assert "rl_throughput_tokens_per_second" not in step_43  # not logged in step 43
     assert expected <= set(types), sorted(expected - set(types))
     for entry in entries:
         if entry.prometheus_name in types:

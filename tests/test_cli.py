@@ -393,8 +393,8 @@ def test_demo_end_to_end_receives_every_default_series(tmp_path):
     stats = result.stats
     assert stats["dropped"] == 0
     assert stats["pending"] == 0
-    # setup, then per step: train x2, "" and the end-of-step marker of timing/train
-    assert stats["enqueued"] == stats["recorded"] == 1 + 3 * 4
+    # setup, then per step: train x2, performance, "" and timing/train (all teed now)
+    assert stats["enqueued"] == stats["recorded"] == 1 + 3 * 5
     assert stats["exports"]["success"] >= 1
     assert stats["exports"]["failure"] == 0
     assert result.latency_us["all"]["calls"] == 1 + 3 * 5 + result.monitor_calls

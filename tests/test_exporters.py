@@ -33,7 +33,9 @@ def async_tee_warnings(logs: pytest.LogCaptureFixture) -> list[logging.LogRecord
 
 def tee_the_fixture() -> None:
     for call in load_calls():
-        async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
+        async_tee.tee_rl_metrics_to_otel(
+            call["metrics"], call["prefix"], call["step"], call.get("step_finished", False)
+        )
 
 
 def scrape(address: tuple[str, int]) -> str:

@@ -282,13 +282,21 @@ def test_map_efficiency_pct_nan_value_is_passed_on():
 
 
 def test_map_teed_scalars_on_the_rollout_train_dict():
-    assert map_teed_scalars(call("train", 0)) == {"response_length_mean": 257.6}
+    assert map_teed_scalars(call("train", 0)) == {
+        "response_length_mean": 257.6,
+        "reward_total_mean": 0.5234,
+        "truncation_ratio": 0.043,
+    }
 
 
 def test_map_teed_scalars_on_the_full_train_dict():
     result = map_teed_scalars(call("train", 1))
     assert result == {
         "reward_mean": 0.5234,
+        "reward_total_mean": 0.5234,
+        "generation_kl_error": 0.00091,
+        "logprob_token_mult_error": 1.0131,
+        "truncation_ratio": 0.043,
         "kl_divergence": 0.00087,
         "policy_loss": -0.0123,
         "entropy": 0.412,

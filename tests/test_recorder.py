@@ -57,7 +57,7 @@ def _dicts(calls: list[dict[str, Any]]) -> st.SearchStrategy[list[tuple[dict[str
 
 def _checked(recorder: RLRecorder, metrics: dict[str, Any], prefix: str, step: int) -> None:
     """The recorder's path before the fast one: map the whole dict, then record it."""
-    values = map_teed_scalars(metrics, recorder.rows)
+    values = map_teed_scalars(metrics, recorder.rows, prefix)
     for key in recorder.counter_keys.intersection(values):
         if not recorder.counted.first_time(step, key):
             del values[key]

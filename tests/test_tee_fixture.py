@@ -75,6 +75,65 @@ EXPECTED: dict[tuple[str, frozenset[tuple[str, str]]], float] = {
     ): 93.3,
 }
 
+
+def phase(name: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return ("rl.step.phase.duration", frozenset({"rl.step.phase": name}.items()))
+
+
+def _logged(prefix: str) -> dict[str, Any]:
+    (metrics,) = [c["metrics"] for c in load_calls() if c["prefix"] == prefix]
+    return metrics
+
+
+_PERFORMANCE, _TIMING, _EFFICIENCY_DICT = (
+    _logged("performance"),
+    _logged("timing/train"),
+    _logged(""),
+)
+EXPECTED.update(
+    {
+        plain("rl.reward.total.mean"): 0.5234,
+        plain("rl.generation.kl_error"): 0.00091,
+        plain("rl.logprob.token_mult_error"): 1.0131,
+        plain("rl.truncation.ratio"): 0.043,
+        **{
+            plain(name): _PERFORMANCE[key]
+            for key, name in {
+                "tokens_per_sec": "rl.throughput.tokens",
+                "tokens_per_sec_per_gpu": "rl.throughput.tokens.per_gpu",
+                "samples_per_sec": "rl.throughput.samples",
+                "samples_per_sec_per_gpu": "rl.throughput.samples.per_gpu",
+                "generation_tokens_per_sec": "rl.throughput.generation.tokens",
+                "generation_tokens_per_sec_per_gpu": "rl.throughput.generation.tokens.per_gpu",
+                "training_worker_group_tokens_per_sec": "rl.throughput.training.tokens",
+                "training_worker_group_tokens_per_sec_per_gpu": (
+                    "rl.throughput.training.tokens.per_gpu"
+                ),
+                "policy_training_tokens_per_sec_per_gpu": (
+                    "rl.throughput.policy_training.tokens.per_gpu"
+                ),
+                "policy_and_reference_logprobs_tokens_per_sec_per_gpu": (
+                    "rl.throughput.logprobs.tokens.per_gpu"
+                ),
+                "average_token_imbalance": "rl.token_imbalance.mean",
+            }.items()
+        },
+        plain("rl.step.duration"): _TIMING["total_step_time"],
+        plain("rl.throughput.valid_tokens.per_gpu"): _TIMING["valid_tokens_per_sec_per_gpu"],
+        # Every other key of the step's timing dict is a phase (16 in the fixture).
+        **{
+            phase(key): value
+            for key, value in _TIMING.items()
+            if key not in ("total_step_time", "valid_tokens_per_sec_per_gpu")
+        },
+        plain("rl.efficiency.wall_time"): _EFFICIENCY_DICT["efficiency/total_wall_time_s"],
+        plain("rl.efficiency.productive"): _EFFICIENCY_DICT["efficiency/productive_time_s"],
+        plain("rl.efficiency.waste"): _EFFICIENCY_DICT["efficiency/total_waste_s"],
+        plain("rl.efficiency.thread_time"): _EFFICIENCY_DICT["efficiency/thread_seconds_total_s"],
+    }
+)
+assert len([key for key in EXPECTED if key[0] == "rl.step.phase.duration"]) == 16
+
 EXPECTED_UNITS = {
     "rl.setup.duration": ("s", "Gauge"),
     "rl.efficiency.seconds": ("s", "Gauge"),
@@ -88,7 +147,9 @@ EXPECTED_UNITS = {
 
 def run_fixture() -> None:
     for call in load_calls():
-        async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
+        async_tee.tee_rl_metrics_to_otel(
+            call["metrics"], call["prefix"], call["step"], call.get("step_finished", False)
+        )
 
 
 def test_fixture_through_the_tee_gives_exactly_the_expected_series(provider, reader):
@@ -97,13 +158,14 @@ def test_fixture_through_the_tee_gives_exactly_the_expected_series(provider, rea
     run_fixture()
     assert async_tee.flush(10)
     got = collect(reader)
-    # Step 0 (the setup call) completed when step 42's first dict arrived; 42 is still open.
+    # Step 42 said step_finished (its timing/train dict), so the flush completed it: every
+    # export shows it, and the start-up phases (step 0) are held for the run.
     step_series: set[tuple[str, frozenset[tuple[str, str]]]] = {
         ("rl.step", frozenset()),
         ("rl.step.time", frozenset()),
     }
     assert set(got) == set(EXPECTED) | step_series
-    assert got[("rl.step", frozenset())] == 0
+    assert got[("rl.step", frozenset())] == 42
     assert before <= got[("rl.step.time", frozenset())] <= time.time()
     for key, value in EXPECTED.items():
         assert got[key] == pytest.approx(value), key
@@ -112,9 +174,10 @@ def test_fixture_through_the_tee_gives_exactly_the_expected_series(provider, rea
     for name, expected in EXPECTED_UNITS.items():
         assert kinds[name] == expected, name
     stats = async_tee.stats()
-    # setup, train (rollout), train (full), "" are teed; performance, timing/train, ray not.
-    assert stats["enqueued"] == 4
-    assert stats["recorded"] == 4
+    # Every call but the GPU monitor's (prefix ray) is teed.
+    assert stats["enqueued"] == 6
+    assert stats["recorded"] == 6
+    assert sum(stats["values_skipped"].values()) == 0
     assert stats["dropped"] == 0
 
 
@@ -135,10 +198,11 @@ def test_aggregate_efficiency_keys_never_become_categories(provider, reader):
 def test_ignored_prefixes_create_nothing(provider, reader):
     async_tee.start_telemetry(provider)
     for call in load_calls():
-        if call["prefix"] in ("performance", "timing/train", "ray"):
+        if call["prefix"] == "ray":
             async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
-    # A dict under an ignored prefix is not even enqueued, even if it carries teed keys.
-    async_tee.tee_rl_metrics_to_otel({"reward": 1.0, "loss": 2.0}, "validation", 1)
+    # A dict under a prefix no row reads is not even enqueued, even if it carries teed keys.
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0, "loss": 2.0}, "refit", 1)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train/", 1)
     assert async_tee.flush(10)
     assert collect(reader) == {}
     assert async_tee.stats()["enqueued"] == 0

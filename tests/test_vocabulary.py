@@ -330,7 +330,16 @@ def by_logger_key():
 
 
 def test_defaults_are_declared_in_order():
-    expected = [row.name for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS]
+    shipped = (
+        default_rows.TRAINING_SCALARS
+        + default_rows.VLLM_DELTAS
+        + default_rows.TRAINING_GAUGES
+        + default_rows.THROUGHPUT
+        + default_rows.STEP_TIMING
+        + default_rows.VALIDATION
+        + default_rows.EFFICIENCY_TOTALS
+    )
+    expected = [row.name for row in shipped]
     assert names() == expected
     assert by_logger_key()["reward"] == "rl.reward.mean"
     assert by_logger_key()["vllm/prompt_tokens"] == "rl.vllm.prompt_tokens"
