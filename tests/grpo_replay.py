@@ -20,7 +20,7 @@ Sync ``grpo_train`` (2696-3900), per step:
 1. ``train`` -- the rollout metrics alone, 22 keys (3063).
 2. if validating: ``timing/validation`` (1 key) then ``validation`` (2 keys) (3471-3476;
    note the order is the reverse of the initial validation's).
-3. ``train`` -- the full dict, 71 keys (3504-3573, logged at 3842): the rollout keys again
+3. ``train`` -- the full dict, 68 keys (3504-3573, logged at 3842): the rollout keys again
    (merged at 3568) minus ``per_worker_token_counts`` (deleted by
    ``print_performance_metrics``, algorithms/utils.py 891-892), plus the vLLM per-step deltas
    (``gen_step_metrics``, merged at 3540), ``generation_logger_metrics`` (a nested dict) and
@@ -37,7 +37,7 @@ Async ``async_grpo_train`` (4174-5660), per step:
 1. if validating: ``timing/validation`` (1 key) then ``validation`` (2 keys) (5227-5230).
 2. ``performance`` -- 12 keys (5546, logged 5597); ``training_worker_idle_time_ratio`` is
    the python int ``0`` whenever exposed generation exceeds 0.1 s (utils.py 753-757).
-3. ``train`` -- 58 keys (5264-5328, plus ``buffer_size``/``avg_trajectory_age`` at 5489-5490,
+3. ``train`` -- 69 keys (5264-5328, plus ``buffer_size``/``avg_trajectory_age`` at 5489-5490,
    logged at 5598). Rollout metrics are aggregated over prompt groups
    (``aggregate_rollout_metrics``, 4132-4171): the histograms become lists of per-group
    lists, and ``trajectory_duration_s`` (+ ``/max``, ``/p95``) appear. No
@@ -131,7 +131,7 @@ class _Batch:
 
     @property
     def total_lengths(self) -> list[int]:
-        return [p + g for p, g in zip(self.prompt_lengths, self.gen_lengths)]
+        return [p + g for p, g in zip(self.prompt_lengths, self.gen_lengths, strict=True)]
 
     def group(self, index: int) -> _Batch:
         lo, hi = index * GENERATIONS_PER_PROMPT, (index + 1) * GENERATIONS_PER_PROMPT
@@ -394,28 +394,33 @@ def _logprob_and_training_timers(rng: random.Random) -> list[tuple[str, float]]:
     ]
 
 
-_NESTED = ("/shard_data", "/submit", "/sharding_data", "/transfer_and_update_weights")
-
-
-def _timing(stops: list[tuple[str, float]], extra: float, valid_toks: float, gpus: int) -> Any:
+def _timing(stops: list[tuple[str, float]], total: float, valid_toks: float, gpus: int) -> Any:
     """Timer dict: labels in first-stop order, summed, np.float64; total last, then tok/s."""
     timing: dict[str, Any] = {}
     for label, seconds in stops:
         timing[label] = timing.get(label, np.float64(0.0)) + np.float64(round(seconds, 4))
-    top_level = [
-        v
-        for k, v in timing.items()
-        if not any(part in k for part in _NESTED)
-        and k not in ("init/total", "exposed_generation_refit", "weight_sync", "idle/validation")
-    ]
-    timing["total_step_time"] = np.float64(round(float(sum(top_level)) + extra, 4))
+    timing["total_step_time"] = np.float64(round(total, 4))
     timing["valid_tokens_per_sec_per_gpu"] = valid_toks / timing["total_step_time"] / gpus
     return timing
 
 
-def _sync_step(
-    step: int, rng: random.Random, validate: bool, after_validation: bool
-) -> list[Call]:
+_SYNC_TOP_LEVEL = frozenset(
+    {
+        "data_processing",
+        "prepare_for_generation/total",
+        "generation",
+        "reward_calculation",
+        "logprob_inference_prep",
+        "policy_and_reference_logprobs",
+        "advantage_calculation",
+        "training_prep",
+        "policy_training",
+    }
+)
+_ASYNC_TOP_LEVEL = _SYNC_TOP_LEVEL - {"prepare_for_generation/total", "generation"}
+
+
+def _sync_step(step: int, rng: random.Random, validate: bool, after_validation: bool) -> list[Call]:
     batch = _batch(step, rng)
     calls: list[Call] = []
     rollout = _rollout_metrics(batch, range(GENERATION_WORKERS))
@@ -429,18 +434,15 @@ def _sync_step(
         calls.append(Call(val_metrics, "validation", step))
 
     n = batch.size
-    baseline_pct_0 = 100 * sum(1 for i in range(0, n, GENERATIONS_PER_PROMPT)
-                               if not any(batch.group(i // GENERATIONS_PER_PROMPT).rewards)) / (
-        n // GENERATIONS_PER_PROMPT
-    )
-    baseline_pct_1 = 100 * sum(1 for g in range(PROMPTS_PER_STEP)
-                               if all(batch.group(g).rewards)) / PROMPTS_PER_STEP
+    groups = [batch.group(g).rewards for g in range(PROMPTS_PER_STEP)]
+    baseline_pct_0 = 100 * sum(not any(g) for g in groups) / PROMPTS_PER_STEP
+    baseline_pct_1 = 100 * sum(all(g) for g in groups) / PROMPTS_PER_STEP
     adv_mean, adv_max, adv_min = _advantage_stats(batch, rng)
     metrics: dict[str, Any] = {"num_mask_sample_filtered": 0}
     metrics["baseline_reward/pct_0"] = baseline_pct_0
     metrics["baseline_reward/pct_1"] = baseline_pct_1
     metrics["baseline_reward/pct_mixed"] = 100 - baseline_pct_0 - baseline_pct_1
-    metrics["advantages/sum"] = adv_mean * n * 0.5
+    metrics["advantages/sum"] = rng.gauss(0, 2e-5)
     metrics["advantages/mean"] = adv_mean
     scalars = _train_scalars(step, batch, rng)
     metrics = {
@@ -474,9 +476,9 @@ def _sync_step(
         ("data_processing", 0.05),
         *_logprob_and_training_timers(rng),
     ]
-    timing = _timing(
-        stops, 0.3 + val_seconds + rng.uniform(0, 0.1), metrics["global_valid_toks"], SYNC_GPUS
-    )
+    top_level = sum(v for k, v in stops if k in _SYNC_TOP_LEVEL)
+    total = top_level + 0.3 + val_seconds + rng.uniform(0, 0.1)
+    timing = _timing(stops, total, metrics["global_valid_toks"], SYNC_GPUS)
     performance = _performance(timing, metrics, metrics["per_worker_token_counts"], is_async=False)
     del metrics["per_worker_token_counts"]  # print_performance_metrics drops it
 
@@ -567,6 +569,7 @@ def _async_step(step: int, rng: random.Random, validate: bool, first_step: bool)
     sample_wait = 0.3 + rng.uniform(0, 2.5)
     refit_wait = 0.2 + rng.uniform(0, 1.0)
     weight_sync = 1.3 + rng.uniform(0, 0.4)
+    bubble = refit_wait + weight_sync + 0.05
     overlong, mask_filter = 0.0004, 0.001 + rng.uniform(0, 0.001)
     stops: list[tuple[str, float]] = [("init/total", INIT_TOTAL_S)] if first_step else []
     stops += [
@@ -578,7 +581,7 @@ def _async_step(step: int, rng: random.Random, validate: bool, first_step: bool)
         *_logprob_and_training_timers(rng),
         ("exposed_generation", refit_wait),
         ("weight_sync", weight_sync),
-        ("idle/refit_bubble", refit_wait + weight_sync + 0.05),
+        ("idle/refit_bubble", bubble),  # holds the two above
     ]
     val_calls: list[Call] = []
     if validate:
@@ -588,25 +591,16 @@ def _async_step(step: int, rng: random.Random, validate: bool, first_step: bool)
             Call(val_timings, "timing/validation", step),
             Call(val_metrics, "validation", step),
         ]
-    # The exposed-generation wait inside the refit bubble is not top-level time of its own.
-    top_stops = [(k if i < len(stops) - 3 or k != "exposed_generation" else
-                  "exposed_generation_refit", v) for i, (k, v) in enumerate(stops)]
-    timing = _timing(
-        stops, 0.3 + rng.uniform(0, 0.1), metrics["global_valid_toks"], ASYNC_TRAIN_GPUS
-    )
-    top = _timing(top_stops, 0.0, 1.0, 1)
-    timing["total_step_time"] = np.float64(
-        round(float(top["total_step_time"]) + 0.3 + rng.uniform(0, 0.1), 4)
-    )
-    if validate:
-        timing["total_step_time"] += timing["idle/validation"]
-    timing["valid_tokens_per_sec_per_gpu"] = (
-        metrics["global_valid_toks"] / timing["total_step_time"] / ASYNC_TRAIN_GPUS
-    )
+    val_window = stops[-1][1] if validate else 0.0
+    # The replay-buffer wait is top-level; the second exposed_generation is in the bubble.
+    top_level = sample_wait + sum(v for k, v in stops if k in _ASYNC_TOP_LEVEL)
+    top_level += bubble + val_window
+    total = top_level + 0.3 + rng.uniform(0, 0.1)
+    timing = _timing(stops, total, metrics["global_valid_toks"], ASYNC_TRAIN_GPUS)
 
     calls.extend(val_calls)
     metrics["buffer_size"] = PROMPTS_PER_STEP + rng.randint(0, PROMPTS_PER_STEP)
-    metrics["avg_trajectory_age"] = step - (step - rng.choice((0.5, 0.75, 1.0)))
+    metrics["avg_trajectory_age"] = step - (step - rng.choice((0.5, 0.75, 1.0)))  # float
     performance = _performance(
         timing, metrics, _merge_worker_counts(metrics["per_worker_token_counts"]), is_async=True
     )
@@ -738,8 +732,10 @@ def _type_name(value: Any) -> str:
         return f"list[{'|'.join(sorted(inner))}]"
     if isinstance(value, dict):
         return "dict"
-    return type(value).__name__ if type(value).__module__ == "builtins" else (
-        f"{type(value).__module__}.{type(value).__name__}"
+    return (
+        type(value).__name__
+        if type(value).__module__ == "builtins"
+        else (f"{type(value).__module__}.{type(value).__name__}")
     )
 
 
