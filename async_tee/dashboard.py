@@ -170,6 +170,8 @@ class _Row:
 _ROWS: dict[str, _Row] = {
     "training": _Row("Training scalars", False, _generic),
     "vllm": _Row("vLLM", False, _vllm),
+    "throughput": _Row("Throughput", False, _generic),
+    "validation": _Row("Validation (the steps that ran it)", False, _generic),
     "efficiency": _Row("Efficiency", False, _efficiency),
     "setup": _Row("Start-up phases", False, _setup),
     "step": _Row("Step and liveness", False, _step),
@@ -178,13 +180,24 @@ _ROWS: dict[str, _Row] = {
 }
 
 
+_ROW_BY_NAME = (
+    ("rl.vllm.", "vllm"),
+    ("rl.throughput.", "throughput"),
+    ("rl.validation.", "validation"),
+    ("rl.efficiency.", "efficiency"),
+    ("rl.step.", "step"),
+)
+"""Teed and recorded rows by the start of their name: the shipped families' rows."""
+
+
 def _row_of(entry: CatalogEntry) -> str:
     """The row an entry's panels go in: by its source, then its name and kind."""
     if entry.source in ("efficiency", "setup", "step", "self"):
         return entry.source
     if entry.source in ("teed", "recorded"):
-        if entry.name.startswith("rl.vllm."):
-            return "vllm"
+        for start, row in _ROW_BY_NAME:
+            if entry.name.startswith(start):
+                return row
         if entry.name.startswith("rl.") and prometheus_type(entry.kind) == "gauge":
             return "training"
     return "other"

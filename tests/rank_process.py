@@ -61,9 +61,17 @@ def main() -> None:
                 metrics["reward"] = rank + 0.25
                 metrics["vllm/prompt_tokens"] = 1000 * (rank + 1)
                 metrics["critic/loss"] = 0.5 + rank  # as PPO logs it, so every row has data
+                metrics.update(buffer_size=8, avg_trajectory_age=1.5)  # as async GRPO does
                 if steps == 2:
                     metrics["grad_norm"] = float("nan")  # a diverged value, counted once
-            async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps)
+            if call["prefix"] == "timing/train":  # validation every step, so every row has data
+                async_tee.tee_rl_metrics_to_otel(
+                    {"total_validation_time": 2.0}, "timing/validation", steps
+                )
+                validation = {"accuracy": 0.5, "avg_length": 90.0, "pass_k": 0.75}
+                async_tee.tee_rl_metrics_to_otel(validation, "validation", steps)
+            finished = call.get("step_finished", False)
+            async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps, finished)
         pause.wait(args.step_seconds)
     flushed = async_tee.flush(10)
     address = session.prometheus_address

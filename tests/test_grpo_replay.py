@@ -97,7 +97,7 @@ def test_both_grpo_loops_through_the_two_argument_call_export_every_step_truthfu
                 step,
             )
         by_step = {int(s): e for e, s in zip(exports, steps, strict=True)}
-        reward = ("rl.reward.mean", frozenset())
+        reward: tuple[str, frozenset[Any]] = ("rl.reward.mean", frozenset())
         assert reward not in by_step[5]  # a string: skipped and counted, not the old value
         assert reward not in by_step[13]  # not logged: absent, not repeated from step 12
         assert by_step[9][reward] == pytest.approx(run["gauges"]["9"]["rl.reward.mean"])

@@ -260,8 +260,8 @@ def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(pro
     assert stats["pending"] == 0
     assert stats["exporting"] is True
     # The worker is alive and records a good dict after all of it.
-    async_tee.tee_rl_metrics_to_otel({"reward": 4242.0}, "train", 10**13)
-    assert async_tee.flush(10)
+    async_tee.tee_rl_metrics_to_otel({"reward": 4242.0}, "train", 10**13, step_finished=True)
+    assert async_tee.flush(10)  # completes the finished step: exports show it
     assert collect(reader)[(REWARD, frozenset())] == 4242.0
     assert math.isfinite(async_tee.stats()["lag_ms"]["max"])
 

@@ -118,8 +118,9 @@ def test_fixture_run_is_queryable_in_a_real_prometheus(prometheus_server):
     )
     assert handle.is_exporting
     for call in load_calls():
-        async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
-    assert async_tee.flush(10)
+        finished = call.get("step_finished", False)
+        async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"], finished)
+    assert async_tee.flush(10)  # completes step 42, which said step_finished
 
     wanted = {
         "rl_reward_mean": 0.5234,
