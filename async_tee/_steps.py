@@ -204,8 +204,10 @@ class StepClock:
         now = self._now_ns()
         due: float | None = None
         if self._state == _FINISHED:
-            settled_at = min(now, self._last_ns + self._settle_ns) if settle_now else (
-                self._last_ns + self._settle_ns
+            settled_at = (
+                min(now, self._last_ns + self._settle_ns)
+                if settle_now
+                else (self._last_ns + self._settle_ns)
             )
             if settled_at <= now:
                 self._complete(settled_at)

@@ -13,9 +13,10 @@ from helpers import collect
 
 import async_tee
 
-REWARD = ("rl.reward.mean", frozenset())
-TOKENS = ("rl.vllm.prompt_tokens", frozenset())
-STEP = ("rl.step", frozenset())
+NO_ATTRS: frozenset[tuple[str, str]] = frozenset()
+REWARD = ("rl.reward.mean", NO_ATTRS)
+TOKENS = ("rl.vllm.prompt_tokens", NO_ATTRS)
+STEP = ("rl.step", NO_ATTRS)
 
 
 class CudaScalar:
