@@ -81,22 +81,22 @@ Skipped = dict[str, int]
 UNKNOWN_CATEGORY = "unknown_category"
 """The reason an ``efficiency/<c>_s`` value of a category not in the map is not taken."""
 
+STALE_STEP = "stale_step"
+"""The reason a gauge value of a dict of an older step is not taken: the tables hold a
+newer step's values, and an export names one step (docs/semantics.md §9)."""
+
 SKIP_REASONS = (
     "non_finite",
     "rejected",
     "cardinality",
     NOT_A_NUMBER,
     DEVICE_TENSOR,
-    "unknown_category",
-    "stale_step",
+    UNKNOWN_CATEGORY,
+    STALE_STEP,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an
 efficiency category not in the map, a gauge value of a step already exported."""
-
-STALE_STEP = "stale_step"
-"""The reason a gauge value of a dict of an older step is not taken: the tables hold a
-newer step's values, and an export names one step (docs/semantics.md §9)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,9 +214,10 @@ def compile_plan(
     )
 
 
-def _skip(skipped: Skipped | None, reason: str) -> None:
+def count_skipped(skipped: Skipped | None, reason: str, count: int = 1) -> None:
+    """Add ``count`` values not taken for ``reason`` to ``skipped`` (None: not counting)."""
     if skipped is not None:
-        skipped[reason] = skipped.get(reason, 0) + 1
+        skipped[reason] = skipped.get(reason, 0) + count
 
 
 def scalar_values(
@@ -244,13 +245,13 @@ def scalar_values(
             continue
         if not counted:
             if stale:
-                _skip(skipped, STALE_STEP)
+                count_skipped(skipped, STALE_STEP)
                 continue
             if table is not None and table.store(raw, NO_ATTRIBUTES):
                 continue
         value = as_scalar(raw)
         if value is None:
-            _skip(skipped, skip_reason(raw))
+            count_skipped(skipped, skip_reason(raw))
             continue
         if counted:  # a step's delta counts once: check before adding it
             if step is not None and first_time is not None and not first_time(step, key, value):
@@ -286,7 +287,7 @@ def efficiency_values(
         if value is not None:
             yield category, value
         else:
-            _skip(skipped, skip_reason(raw))
+            count_skipped(skipped, skip_reason(raw))
 
 
 def unknown_categories(metrics: Mapping[str, Any], read: frozenset[str]) -> list[str]:
@@ -320,7 +321,7 @@ def step_phase_values(
             continue
         value = as_scalar(raw)
         if value is None:
-            _skip(skipped, skip_reason(raw))
+            count_skipped(skipped, skip_reason(raw))
         else:
             yield key, value
 

@@ -27,6 +27,7 @@ from async_tee._mapping import (
     MappingPlan,
     Skipped,
     compile_plan,
+    count_skipped,
     efficiency_values,
     map_efficiency_pct,
     map_setup_seconds,
@@ -208,7 +209,7 @@ class RLRecorder:
 
     def skip(self, reason: str, count: int = 1) -> None:
         """Count values not taken at mapping (``async_tee.values.skipped{reason}``)."""
-        self.skipped[reason] = self.skipped.get(reason, 0) + count
+        count_skipped(self.skipped, reason, count)
 
     def tee_setup(self, metrics: Mapping[str, Any]) -> None:
         """Emit the start-up phase durations as ``rl.setup.duration``, one point per phase."""

@@ -204,11 +204,9 @@ class StepClock:
         now = self._now_ns()
         due: float | None = None
         if self._state == _FINISHED:
-            settled_at = (
-                min(now, self._last_ns + self._settle_ns)
-                if settle_now
-                else (self._last_ns + self._settle_ns)
-            )
+            settled_at = self._last_ns + self._settle_ns
+            if settle_now:
+                settled_at = min(settled_at, now)
             if settled_at <= now:
                 self._complete(settled_at)
             elif self._reader is not None:

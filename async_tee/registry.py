@@ -225,9 +225,10 @@ class _LastValue(_Series):
         self.shown, self.points = self.points, {}
 
     def forget(self) -> None:
-        """Drop every value (a forked child exports only what it records itself)."""
+        """Drop every value and admitted set (a forked child exports only its own)."""
         self.points = {}
         self.shown = None
+        self.sets = set()
 
     def observe(self, _options: CallbackOptions) -> list[Observation]:
         budget().spend()  # a collection is a run of callbacks: slice it between them
