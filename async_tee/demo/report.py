@@ -201,7 +201,7 @@ def render_result(result: DemoResult) -> str:
     out += ["  " + line for line in _table(header, rows, frozenset(range(1, 8)))]
     out.append(
         "  (tee = async_tee's share; call = the whole Logger.log_metrics, JSONL backend "
-        'included; prefixes other than train, "" and timing/setup are not teed)'
+        "included; a prefix no family or row reads, such as ray, is not teed)"
     )
     nominal = result.steps * result.step_seconds
     share = (
