@@ -189,6 +189,7 @@ class Pipeline:
         self._signals = SignalFlush(
             self.shutdown, self.flush_and_export, settings.shutdown_timeout_s
         )
+        self._checked_at = 0  # the completed-step count at the last signal check
         self._closed = False
         self._lag_values: dict[str, float] = {}
         self._snapshot: tuple[int, float, dict[str, Any]] | None = None
@@ -359,9 +360,14 @@ class Pipeline:
     def _after_drain(self, flushing: bool = False) -> float | None:
         """Let the step clock settle and export; seconds until it needs the worker again.
 
-        ``flushing``: a flush waits on this drain, which completes a finished step now.
+        ``flushing``: a flush waits on this drain, which completes a finished step now. At
+        each completed step the signal handlers are checked (one read each).
         """
-        return self.steps.tick(settle_now=flushing)
+        wait = self.steps.tick(settle_now=flushing)
+        if self.steps.completed != self._checked_at:
+            self._checked_at = self.steps.completed
+            self._signals.check()
+        return wait
 
     def _on_worker_death(self) -> None:
         """The worker's loop ended unstopped: stop enqueuing into a queue nobody drains."""

@@ -12,13 +12,19 @@ signals ``ASYNC_TEE_FLUSH_SIGNALS`` names (``TERM`` by default), see docs/semant
   (drain and export now, the session goes on), then theirs, which decides what happens;
 - an ignored signal, or a handler installed outside Python: left alone.
 
-A handler installed after ours replaces it, as Python does; ``shutdown_telemetry`` restores
-what the session changed, where it still holds. Everything here runs on the main thread
-(Python runs signal handlers there) and never raises into the interrupted code.
+A handler installed after ours replaces it, as Python does (Ray's ``ray.init`` installs one
+that ends the process with ``sys.exit``). :meth:`SignalFlush.check`, run by the worker at each
+completed step, notices, warns once naming the new handler, and moves the session's end to
+the front of the exit hooks: a handler that exits through ``sys.exit`` runs ``atexit``, and
+the session then shuts down before the hooks registered since (Ray's stops its processes
+first). ``shutdown_telemetry`` restores what the session changed, where it still holds.
+Installing and restoring run on the main thread (Python runs signal handlers there), and
+nothing here raises into the interrupted code.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -47,6 +53,8 @@ class SignalFlush:
         self._timeout_s = timeout_s
         self.previous: dict[int, Any] = {}
         self._handling = False
+        self._displaced: set[int] = set()  # signals whose handler is no longer ours, warned
+        self._exit_hook = False  # whether _at_exit is registered with atexit
 
     def install(self, names: tuple[str, ...]) -> None:
         """Install the handler for each named signal it may take over. Never raises."""
@@ -67,8 +75,47 @@ class SignalFlush:
                     f"signal:{name}", "async_tee: cannot handle SIG%s; not flushing on it", name
                 )
 
+    def check(self) -> None:
+        """Notice a handler installed over ours (the worker, at a completed step). Never raises.
+
+        The first time a signal's handler is no longer ours, warn once naming it, and
+        register the session's end with ``atexit`` (again, so it runs before every exit hook
+        registered so far: ``atexit`` runs the last registered first).
+        """
+        try:
+            for signum in list(self.previous):
+                if signum in self._displaced:
+                    continue
+                current = signal.getsignal(signum)
+                if current == self._handle:
+                    continue
+                self._displaced.add(signum)
+                warn_once(
+                    f"signal:displaced:{signum}",
+                    "async_tee: %s's handler was replaced after start_telemetry by %s: async_tee "
+                    "no longer flushes when it arrives, only at exit if that handler exits "
+                    "through sys.exit (start telemetry after the library that installs it, "
+                    "e.g. after ray.init(), to keep async_tee's first)",
+                    signal.Signals(signum).name,
+                    _name(current),
+                    traceback=False,
+                )
+                if self._exit_hook:
+                    atexit.unregister(self._at_exit)
+                atexit.register(self._at_exit)
+                self._exit_hook = True
+        except Exception:  # noqa: BLE001 - a check must not stop the worker
+            warn_once("signal:check", "async_tee: could not check the signal handlers")
+
+    def _at_exit(self) -> None:
+        self._exit_hook = False  # atexit is running it: nothing to unregister any more
+        self._shutdown(self._timeout_s)
+
     def restore(self) -> None:
         """Put back what :meth:`install` replaced, where ours is still installed."""
+        if self._exit_hook:
+            self._exit_hook = False
+            atexit.unregister(self._at_exit)
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may; the handlers then pass straight through
         for signum, previous in list(self.previous.items()):
@@ -98,3 +145,12 @@ class SignalFlush:
         # The default disposition: die of the signal, as the launcher expects.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+def _name(handler: object) -> str:
+    """A handler as a warning names it: ``module.qualname``, or its repr."""
+    qualname = getattr(handler, "__qualname__", None)
+    module = getattr(handler, "__module__", None)
+    if isinstance(qualname, str):
+        return f"{module}.{qualname}" if isinstance(module, str) else qualname
+    return repr(handler)

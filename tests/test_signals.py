@@ -7,12 +7,14 @@ handler Python would die at once and the receiver would get nothing.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +24,17 @@ from async_tee.sink import OtlpSink
 STEPS = 5
 
 CHILD = """
-import os, signal, sys, time
+import atexit, os, signal, sys, time
 import async_tee
+from async_tee import _telemetry
 
+def start_ray():
+    import ray
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+RAY = os.environ.get("RAY")
+if RAY == "before":
+    start_ray()
 if os.environ.get("APP_HANDLER"):
     def app_handler(signum, frame):
         flushed = async_tee.stats()["exports_by_trigger"]["flush"]["success"]
@@ -32,6 +42,9 @@ if os.environ.get("APP_HANDLER"):
         sys.exit(3)
     signal.signal(signal.SIGTERM, app_handler)
 async_tee.start_telemetry()
+if RAY == "after":
+    start_ray()  # its SIGTERM handler replaces async_tee's
+    atexit.register(lambda: print("exit hook: session open", _telemetry.active() is not None))
 installed = signal.getsignal(signal.SIGTERM)
 default = installed is signal.SIG_DFL
 print("handler", "default" if default else getattr(installed, "__qualname__", "?"), flush=True)
@@ -39,27 +52,35 @@ logger = async_tee.Logger()
 for step in range(int(os.environ["STEPS"])):
     logger.log_metrics({"reward": 100.0 + step, "vllm/prompt_tokens": 10.0}, step, "train")
     logger.log_metrics({"total_step_time": 1.0}, step, "timing/train", step_finished=True)
+if RAY:
+    async_tee.flush()  # the worker has seen every step complete (and checked the handler)
 print("ready", flush=True)
 time.sleep(60)
 print("never reached", flush=True)
 """
 
 
-def _run_child(sink: OtlpSink, protocol: str = "grpc", **env: str) -> tuple[int, list[str], float]:
+def _run_child(
+    sink: OtlpSink, protocol: str = "grpc", stderr: Path | None = None, **env: str
+) -> tuple[int, list[str], float]:
     """Start the child, SIGTERM it once it has logged every step; its exit code and output."""
     endpoint = sink.grpc_endpoint if protocol == "grpc" else sink.http_endpoint
-    with subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(CHILD)],
-        env={
-            **os.environ,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc" if protocol == "grpc" else "http/protobuf",
-            "STEPS": str(STEPS),
-            **env,
-        },
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as child:
+    with (
+        stderr.open("w") if stderr else open(os.devnull, "w") as err,
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(CHILD)],
+            env={
+                **os.environ,
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc" if protocol == "grpc" else "http/protobuf",
+                "STEPS": str(STEPS),
+                **env,
+            },
+            stdout=subprocess.PIPE,
+            stderr=err if stderr else None,
+            text=True,
+        ) as child,
+    ):
         assert child.stdout is not None
         lines = []
         for line in child.stdout:
@@ -106,6 +127,60 @@ def test_with_no_flush_signals_nothing_is_installed_and_the_end_is_lost(sink):
     assert code == -signal.SIGTERM
     # The 60 s interval never came and nothing ran at the signal: what is at stake.
     assert _last(sink, "rl.vllm.prompt_tokens") is None
+
+
+@pytest.mark.slow
+def test_ray_started_after_telemetry_is_named_once_and_the_session_ends_first_at_exit(
+    sink, tmp_path
+):
+    pytest.importorskip("ray")
+    stderr = tmp_path / "stderr"
+    code, lines, _ = _run_child(sink, stderr=stderr, RAY="after")
+    assert lines[0].startswith("handler init.<locals>.sigterm_handler")  # Ray's, over ours
+    assert code == signal.SIGTERM  # Ray's handler: sys.exit(signum)
+    warnings = [line for line in stderr.read_text().splitlines() if "was replaced" in line]
+    assert len(warnings) == 1, warnings  # once, for five completed steps
+    assert "ray._private.worker.init.<locals>.sigterm_handler" in warnings[0]
+    # The session's end moved before the exit hooks registered since it started (Ray's
+    # ray.shutdown, and this one): it had already ended when they ran.
+    assert "exit hook: session open False" in lines
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
+    assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS
+
+
+@pytest.mark.slow
+def test_ray_started_before_telemetry_keeps_async_tee_first_then_its_handler_exits(sink, tmp_path):
+    pytest.importorskip("ray")
+    stderr = tmp_path / "stderr"
+    code, lines, _ = _run_child(sink, stderr=stderr, RAY="before")
+    assert lines[0] == "handler SignalFlush._handle"  # ours, chained to Ray's
+    assert code == signal.SIGTERM
+    assert "was replaced" not in stderr.read_text()
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
+    assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS
+
+
+def test_a_handler_installed_later_is_named_once_and_the_session_ends_first_at_exit(sink, caplog):
+    def later(signum, frame):
+        """Installed over async_tee's, as ray.init() does."""
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        async_tee.start_telemetry(environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="USR1"))
+        exit_hooks = atexit._ncallbacks()  # with async_tee's own, installed once a process
+        signal.signal(signal.SIGUSR1, later)
+        for step in (1, 2):
+            async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", step, step_finished=True)
+            assert async_tee.flush(10)  # the worker checks at each completed step
+        replaced = [r.getMessage() for r in caplog.records if "was replaced" in r.getMessage()]
+        assert len(replaced) == 1
+        assert "SIGUSR1" in replaced[0]
+        assert f"{__name__}.{later.__qualname__}" in replaced[0]
+        assert atexit._ncallbacks() == exit_hooks + 1  # the session's end, at the front
+        assert async_tee.shutdown_telemetry(10)
+        assert signal.getsignal(signal.SIGUSR1) is later  # theirs stays
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def _sink_environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
