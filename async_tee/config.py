@@ -301,8 +301,10 @@ def run_id(environ: Mapping[str, str]) -> str:
     3. ``SLURM_JOB_ID``, with ``_<SLURM_ARRAY_TASK_ID>`` for an array task;
     4. else a local id, ``local-<host>-<pid>-<start ticks>``: of the launcher (the parent
        process) when a rank variable says a launcher started this process, so the ranks it
-       started on one node share it; of this process otherwise. Another job, or the same
-       command run again, gets another one, so two jobs are never merged.
+       started on one node share it, followed by the job's rendezvous (``-<MASTER_ADDR>:
+       <MASTER_PORT>``, else ``-<PMIX_NAMESPACE>``) when the launcher set one, so two jobs
+       whose ranks one process started stay apart; of this process otherwise. Another job,
+       or the same command run again, gets another one, so two jobs are never merged.
     """
     explicit = _first(environ, ASYNC_TEE_RUN_ID)
     if explicit is not None:
@@ -318,7 +320,22 @@ def run_id(environ: Mapping[str, str]) -> str:
     started_by_launcher = ranks.rank is not None or ranks.local_rank is not None
     pid = os.getppid() if started_by_launcher else os.getpid()
     ticks = _start_ticks(pid)
-    return f"local-{socket.gethostname()}-{pid}" + (f"-{ticks}" if ticks else "")
+    local = f"local-{socket.gethostname()}-{pid}" + (f"-{ticks}" if ticks else "")
+    rendezvous = _rendezvous(environ) if started_by_launcher else None
+    return local if rendezvous is None else f"{local}-{rendezvous}"
+
+
+def _rendezvous(environ: Mapping[str, str]) -> str | None:
+    """Where one job's ranks meet, which two jobs running at once cannot share, or None.
+
+    torchrun-style launches: ``MASTER_ADDR:MASTER_PORT`` (one listening port per job); PMIx
+    launches (Open MPI, ``srun --mpi=pmix``): the job's ``PMIX_NAMESPACE``.
+    """
+    addr, port = _first(environ, "MASTER_ADDR"), _first(environ, "MASTER_PORT")
+    if addr is not None and port is not None:
+        return f"{addr[1]}:{port[1]}"
+    namespace = _first(environ, "PMIX_NAMESPACE")
+    return None if namespace is None else namespace[1]
 
 
 def _resource_attributes(

@@ -28,6 +28,9 @@ _JOB_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PMIX_NAMESPACE",
 )
 
 RANK_CODE = """
@@ -43,6 +46,23 @@ import os, subprocess, sys
 code = sys.argv[1]
 ranks = [
     subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": str(rank)})
+    for rank in range(2)
+]
+sys.exit(max(rank.wait(timeout=60) for rank in ranks))
+"""
+
+
+# One process starting the ranks of two jobs at once, each job with its own rendezvous (a
+# sweep driver, a shell script backgrounding both): without a job id they share a parent.
+TWO_JOBS_CODE = """
+import os, subprocess, sys
+code = sys.argv[1]
+ranks = [
+    subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+    )
+    for port in ("29500", "29501")
     for rank in range(2)
 ]
 sys.exit(max(rank.wait(timeout=60) for rank in ranks))
@@ -100,6 +120,22 @@ def test_two_concurrent_jobs_on_one_host_reach_the_receiver_apart(sink, jobs):
         assert resource["service.instance.id"] == expected
 
 
+def test_two_jobs_whose_ranks_share_one_parent_stay_apart_by_their_rendezvous(sink):
+    launcher = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(TWO_JOBS_CODE), textwrap.dedent(RANK_CODE)],
+        env=_env(sink),
+        timeout=90,
+        check=False,
+    )
+    assert launcher.returncode == 0
+    resources = _resources(sink)
+    assert len(resources) == 4  # 2 jobs x 2 ranks, none merged
+    runs = {resource["rl.run.id"] for resource in resources}
+    assert {run.rsplit("-", 1)[1] for run in runs} == {"127.0.0.1:29500", "127.0.0.1:29501"}
+    for run in runs:
+        assert sorted(r["rl.rank"] for r in resources if r["rl.run.id"] == run) == [0, 1]
+
+
 def test_a_rank_restarted_within_its_job_keeps_its_identity(sink):
     env = _env(sink, TORCHELASTIC_RUN_ID="job-7", RANK="1")
     for _ in range(2):  # the rank, then the rank restarted by the launcher
@@ -139,3 +175,7 @@ def test_without_an_id_ranks_share_their_launchers_and_a_lone_process_has_its_ow
     alone = run_id({})
     assert f"-{os.getpid()}-" in alone or alone.endswith(f"-{os.getpid()}")
     assert ranked != alone
+    rendezvous = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert run_id({"RANK": "0", **rendezvous}) == f"{ranked}-10.0.0.1:29500"
+    assert run_id({"RANK": "0", "PMIX_NAMESPACE": "prterun-x-1@1"}) == f"{ranked}-prterun-x-1@1"
+    assert run_id(rendezvous) == alone  # not launched: the process's own id already differs
