@@ -370,7 +370,15 @@ def _resource_attributes(
     else:
         instance = f"{run}/{host}/pid-{os.getpid()}"
     attributes.setdefault("service.instance.id", instance)
-    return tuple(attributes.items())
+    return tuple(
+        (_utf8(key), _utf8(value) if isinstance(value, str) else value)
+        for key, value in attributes.items()
+    )
+
+
+def _utf8(text: str) -> str:
+    """``text`` with what has no UTF-8 form (a lone surrogate from the environment) escaped."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _export_ranks(environ: Mapping[str, str]) -> str:

@@ -73,7 +73,9 @@ class FrozenAttributes:
 
         Raises:
             ValueError: A key is not a non-empty string or a value is not a str, bool,
-                int or finite float.
+                int or finite float; a string has no UTF-8 form (a lone surrogate, as a
+                key read with ``surrogateescape`` carries): every exposition would fail on
+                it, a Prometheus scrape with it (docs/semantics.md §4).
         """
         items = []
         for name, value in attributes.items():
@@ -83,6 +85,11 @@ class FrozenAttributes:
                 isinstance(value, float) and not math.isfinite(value)
             ):
                 raise ValueError(f"attribute {name!r}: unsupported value {value!r}")
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise ValueError(f"attribute {name!r}: {value!r} has no UTF-8 form") from None
             items.append((name, value))
         self.key: tuple[tuple[str, AttributeValue], ...] = tuple(sorted(items))
         self.mapping: dict[str, AttributeValue] = dict(self.key)

@@ -224,3 +224,21 @@ def test_compression_given_in_environ_reaches_the_wire(sink):
         encodings = {encoding for _, _, encoding in sink.request_sizes()}
         assert encodings == {"gzip" if compression == "gzip" else "identity"}
         sink.clear()
+
+
+def test_a_key_that_cannot_be_encoded_costs_its_own_point_never_the_scrape(logs):
+    session = async_tee.start_telemetry(
+        environ={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "0"}
+    )
+    assert session.prometheus_address is not None
+    setup = {"a\udcffb_s": 1.0, "vllm_init_time_s": 2.5}  # a lone surrogate: no UTF-8 for it
+    async_tee.tee_rl_metrics_to_otel(setup, "timing/setup")
+    async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1, step_finished=True)
+    assert async_tee.flush(5)
+    page = scrape(session.prometheus_address)  # answers, as every scrape after it will
+    assert 'rl_setup_phase="vllm_init"} 2.5' in page
+    assert 'rl_setup_phase="a' not in page
+    assert async_tee.stats()["values_skipped"]["rejected"] == 1  # counted, not silent
+    (warning,) = [r for r in async_tee_warnings(logs) if "attributes" in r.getMessage()]
+    assert "\\udcff" in warning.getMessage()  # named, escaped
+    assert async_tee.shutdown_telemetry(5)

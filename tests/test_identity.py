@@ -179,3 +179,11 @@ def test_without_an_id_ranks_share_their_launchers_and_a_lone_process_has_its_ow
     assert run_id({"RANK": "0", **rendezvous}) == f"{ranked}-10.0.0.1:29500"
     assert run_id({"RANK": "0", "PMIX_NAMESPACE": "prterun-x-1@1"}) == f"{ranked}-prterun-x-1@1"
     assert run_id(rendezvous) == alone  # not launched: the process's own id already differs
+
+
+def test_resource_text_with_no_utf8_form_is_escaped():
+    environ = {"OTEL_RESOURCE_ATTRIBUTES": "team=a\udcffb", "ASYNC_TEE_RUN_ID": "run\udcff"}
+    attributes = dict(load_settings(environ=environ).resource_attributes)
+    assert attributes["team"] == "a\\udcffb"
+    assert attributes["rl.run.id"] == "run\\udcff"
+    assert attributes["service.instance.id"].startswith("run\\udcff/")
