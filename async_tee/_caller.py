@@ -14,11 +14,12 @@ cheapest object the caller can build; a ``NamedTuple`` costs more per call.)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import islice
 from time import monotonic_ns
 from typing import Any, TypeAlias
 
 from async_tee._handoff import DropOldestQueue
-from async_tee._mapping import BUILT_IN_PREFIXES, TRAIN_PREFIXES
+from async_tee._mapping import BUILT_IN_PREFIXES
 from async_tee._reporting import warn_once
 
 TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
@@ -32,40 +33,40 @@ RecordedValues: TypeAlias = "tuple[dict[Any, Any], dict[Any, Any] | None, int]"
 
 Snapshot: TypeAlias = "TeedDict | RecordedValues"
 
-FILTER_ABOVE = 384
-"""A ``train``/``""`` dict with more keys than this is snapshotted to the keys the worker
-reads (``_READ_KEYS``) instead of copied whole (docs/semantics.md §6). A whole copy is one
-C call whose cost grows with the dict; picking the read keys costs the same whatever its
-size. The threshold sits above the size where the two cost the same (measured by
-``benchmarks/bench_sizes.py``), so the common dict keeps its one-call copy."""
+LEFT_OUT = object()
+"""A snapshot's key for how many keys the caller left out of it (an int): the keys past
+the bound of a dict read whole, and keys that raised when looked up. Never a real key (no
+caller has this object); the worker pops it and counts the keys (docs/semantics.md §6)."""
 
-_FILTERED_PREFIXES = (*TRAIN_PREFIXES, None)
-"""The prefixes whose large dicts are snapshotted to ``_READ_KEYS``."""
+_NOT_TEED: Any = object()  # what _SNAPSHOT_KEYS.get returns for a prefix the session does not read
 
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
-# The keys the running session's worker reads from a train/"" dict, and the prefixes it
-# takes (the built-in families' and the declared rows'): written with _QUEUE, before it.
-_READ_KEYS: tuple[str, ...] = ()
-_PREFIXES: frozenset[str | None] = frozenset(BUILT_IN_PREFIXES)
+# For each prefix the running session reads, the keys a snapshot of its dicts keeps (None:
+# the whole dict, up to _WHOLE_UP_TO keys): written with _QUEUE, before it.
+_SNAPSHOT_KEYS: dict[str | None, tuple[str, ...] | None] = dict.fromkeys(BUILT_IN_PREFIXES)
+_WHOLE_UP_TO = 512
 
 
 def attach(
     queue: DropOldestQueue[Snapshot] | None,
-    read_keys: tuple[str, ...] = (),
-    prefixes: frozenset[str | None] = frozenset(BUILT_IN_PREFIXES),
+    snapshot_keys: Mapping[str | None, tuple[str, ...] | None] | None = None,
+    whole_up_to: int = 512,
 ) -> None:
     """Point the tee at ``queue`` (None turns it off). Only the session lifecycle calls this.
 
     Args:
         queue: The session's hand-off queue, or None.
-        read_keys: Every key the worker reads from a ``train`` or ``""`` dict.
-        prefixes: Every prefix the worker reads (``MappingPlan.prefixes``).
+        snapshot_keys: ``MappingPlan.snapshot_keys``: every prefix the worker reads, with
+            the keys it reads from its dicts, or None where it reads them whole. None: the
+            built-in prefixes, each read whole.
+        whole_up_to: The most keys a snapshot of a dict read whole keeps (the session's
+            ``max_attribute_sets``: a key past it would be refused as one set too many).
     """
-    global _QUEUE, _READ_KEYS, _PREFIXES
-    _READ_KEYS = read_keys
-    _PREFIXES = prefixes
+    global _QUEUE, _SNAPSHOT_KEYS, _WHOLE_UP_TO
+    _SNAPSHOT_KEYS = dict(snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES))
+    _WHOLE_UP_TO = whole_up_to
     _QUEUE = queue
 
 
@@ -80,9 +81,10 @@ def tee_rl_metrics_to_otel(
     """Mirror one logged dict into OTel, later, on the worker. No-op unless exporting.
 
     On the caller's thread this only checks the prefix, copies the dict (callers mutate
-    dicts after logging them; one with more than :data:`FILTER_ABOVE` keys is copied to
-    the keys the worker reads, so cost and memory are bounded by what is teed) and puts
-    the copy with a monotonic timestamp on the bounded drop-oldest queue: no mapping, no
+    dicts after logging them) to the keys the worker reads from it, or whole up to a bound
+    where a family reads every key, so what a queued dict keeps alive is bounded by what
+    is teed, and puts the copy with a monotonic timestamp on the bounded drop-oldest
+    queue: no mapping, no
     OTel call, no lock shared with the worker, no wake-up unless a burst is about to
     overflow the queue. Safe from any thread and from inside a running event loop.
 
@@ -103,18 +105,47 @@ def tee_rl_metrics_to_otel(
     if queue is None:
         return
     try:
-        if prefix not in _PREFIXES:  # None counts as "" (§2); the rest return now
+        keys = _SNAPSHOT_KEYS.get(prefix, _NOT_TEED)  # None counts as "" (§2)
+        if keys is _NOT_TEED:
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return
-        if len(metrics) > FILTER_ABOVE and prefix in _FILTERED_PREFIXES:
-            snapshot = {key: metrics[key] for key in _READ_KEYS if key in metrics}
-        else:
-            snapshot = dict(metrics)
+        snapshot: dict[Any, Any]
+        if keys is None:  # a family reads every key: the whole dict, up to a bound
+            if len(metrics) <= _WHOLE_UP_TO:
+                snapshot = dict(metrics)
+            else:
+                snapshot = dict(islice(metrics.items(), _WHOLE_UP_TO))
+                snapshot[LEFT_OUT] = len(metrics) - _WHOLE_UP_TO
+        else:  # only the keys a row reads: nothing else the dict holds stays alive
+            try:
+                snapshot = {key: metrics[key] for key in keys if key in metrics}
+            except Exception:
+                if type(metrics) is not dict:
+                    raise  # a mapping that fails to be read: a failed snapshot
+                snapshot = _careful_snapshot(metrics, keys)  # a key whose __eq__ raises
         queue.put((snapshot, prefix or "", step, step_finished, monotonic_ns()))
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")
+
+
+def _careful_snapshot(metrics: Mapping[Any, Any], keys: tuple[str, ...]) -> dict[Any, Any]:
+    """The snapshot of a dict one of whose keys raised when compared: each key alone.
+
+    A key whose lookup raises (a ``str`` subclass with a raising ``__eq__`` or ``__hash__``)
+    is left out and counted under :data:`LEFT_OUT`; every other read key is kept.
+    """
+    snapshot: dict[Any, Any] = {}
+    left_out = 0
+    for key in keys:
+        try:
+            if key in metrics:
+                snapshot[key] = metrics[key]
+        except Exception:  # noqa: BLE001 - this key alone is lost, and counted
+            left_out += 1
+    snapshot[LEFT_OUT] = left_out
+    return snapshot
 
 
 def record_rl_metrics(

@@ -60,6 +60,12 @@ EFFICIENCY_PCT_IS_PER_STEP_KEY = "efficiency/efficiency_pct_is_per_step"
 
 _SETUP_SUFFIXES = ("_time_s", "_s")
 
+READ_WHOLE = frozenset({SETUP_PREFIX, STEP_TIMING_PREFIX, ""})
+"""The prefixes whose every key a family reads: start-up phases, step phases, and the
+``""`` dict's efficiency keys (an ``efficiency/<c>_s`` of a category not in the map is
+counted, so it must be seen). Their dicts are copied whole, up to a bound (§6); every other
+prefix's are snapshotted to the keys its rows read."""
+
 
 class Store(Protocol):
     """A registry table's one-store fast path (``registry._LastValue.store``)."""
@@ -85,6 +91,10 @@ STALE_STEP = "stale_step"
 """The reason a gauge value of a dict of an older step is not taken: the tables hold a
 newer step's values, and an export names one step (docs/semantics.md §9)."""
 
+LEFT_OUT = "left_out"
+"""The reason for keys the caller left out of a snapshot: past the bound of a dict read
+whole, or a key whose lookup raised (docs/semantics.md §6)."""
+
 SKIP_REASONS = (
     "non_finite",
     "rejected",
@@ -93,10 +103,12 @@ SKIP_REASONS = (
     DEVICE_TENSOR,
     UNKNOWN_CATEGORY,
     STALE_STEP,
+    LEFT_OUT,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an
-efficiency category not in the map, a gauge value of a step already exported."""
+efficiency category not in the map, a gauge value of a step already exported, a key the
+caller left out of its snapshot."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +123,11 @@ class MappingPlan:
         efficiency_keys: Every ``efficiency/`` key of a ``""`` dict that is read (by a
             category or a row); another ``efficiency/<c>_s`` is an unknown category.
         phase_rows: The ``timing/train`` keys a row reads: not step phases.
-        read_keys: Every key read from a ``train``/``""`` dict, and no other (the caller
-            snapshots a very large dict to these, §6).
+        read_keys: Every key read from a ``train``/``""`` dict, and no other.
         prefixes: Every prefix the tee takes (None counts as ``""``).
+        snapshot_keys: For each prefix the tee takes, the keys the caller snapshots a dict
+            of it to (every key read from it), or None where a family reads every key
+            (``timing/setup``, ``timing/train``, ``""``: copied whole, up to a bound), §6.
     """
 
     scalars: Mapping[str, ScalarPlan]
@@ -123,6 +137,7 @@ class MappingPlan:
     phase_rows: frozenset[str]
     read_keys: tuple[str, ...]
     prefixes: frozenset[str | None]
+    snapshot_keys: Mapping[str | None, tuple[str, ...] | None]
 
     def bind(self, tables: Mapping[str, Store]) -> MappingPlan:
         """The same plan with each row's table (a session's registry), for the fast path."""
@@ -203,6 +218,13 @@ def compile_plan(
     pct_keys = [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
     keys = [logger_key for prefix in TRAIN_PREFIXES for logger_key, *_ in scalars[prefix or ""]]
     row_keys = {logger_key for logger_key, *_ in scalars[""]}
+    prefixes = frozenset((*BUILT_IN_PREFIXES, *by_prefix))
+    snapshot_keys = {
+        prefix: None
+        if (prefix or "") in READ_WHOLE
+        else tuple(dict.fromkeys(logger_key for logger_key, *_ in scalars[prefix or ""]))
+        for prefix in prefixes
+    }
     return MappingPlan(
         scalars=scalars,
         efficiency=efficiency,
@@ -210,7 +232,8 @@ def compile_plan(
         efficiency_keys=frozenset((*seconds_keys, *pct_keys, *row_keys)),
         phase_rows=frozenset(logger_key for logger_key, *_ in scalars[STEP_TIMING_PREFIX]),
         read_keys=tuple(dict.fromkeys([*keys, *seconds_keys, *pct_keys])),
-        prefixes=frozenset((*BUILT_IN_PREFIXES, *by_prefix)),
+        prefixes=prefixes,
+        snapshot_keys=snapshot_keys,
     )
 
 
@@ -288,6 +311,22 @@ def efficiency_values(
             yield category, value
         else:
             count_skipped(skipped, skip_reason(raw))
+
+
+def exact_str_keys(metrics: dict[Any, Any]) -> dict[Any, Any]:
+    """``metrics`` with every key an exact ``str``; the dict itself when they all are.
+
+    A ``str`` subclass key becomes its plain text (``str.__str__``, which runs none of the
+    subclass's methods); a key that is not a string goes (no family reads one). A subclass
+    may override ``__eq__``, ``__hash__`` or ``endswith`` to raise; after this the families
+    compare plain strings only, so one such key cannot cost its dict's other values.
+    """
+    for key in metrics:
+        if type(key) is not str:
+            break
+    else:
+        return metrics
+    return {str.__str__(key): value for key, value in metrics.items() if isinstance(key, str)}
 
 
 def unknown_categories(metrics: Mapping[str, Any], read: frozenset[str]) -> list[str]:

@@ -21,7 +21,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _caller, _series
@@ -29,7 +29,7 @@ from async_tee._caller import Snapshot
 from async_tee._delivery import TRIGGERS, ExportCounts
 from async_tee._exporters import EXPORTER_KINDS, ExporterState, close_servers
 from async_tee._handoff import DropOldestQueue
-from async_tee._mapping import SKIP_REASONS
+from async_tee._mapping import LEFT_OUT, READ_WHOLE, SKIP_REASONS, count_skipped, exact_str_keys
 from async_tee._policy import StepPolicy
 from async_tee._provider import BuiltProvider, build_meter_provider
 from async_tee._recorder import CountedSteps, RLRecorder
@@ -252,14 +252,9 @@ class Pipeline:
         return queue, worker
 
     @property
-    def read_keys(self) -> tuple[str, ...]:
-        """Every key the worker reads from a ``train``/``""`` dict (the caller's filter)."""
-        return self.recorder.read_keys
-
-    @property
-    def prefixes(self) -> frozenset[str | None]:
-        """Every prefix the worker reads (the caller's gate)."""
-        return self.recorder.plan.prefixes
+    def snapshot_keys(self) -> Mapping[str | None, tuple[str, ...] | None]:
+        """Every prefix the worker reads, with the keys the caller snapshots (``MappingPlan``)."""
+        return self.recorder.plan.snapshot_keys
 
     @property
     def is_open(self) -> bool:
@@ -346,6 +341,10 @@ class Pipeline:
             step, ends = steps.step_of(raw_step, prefix, finished)
             steps.before(step, enqueued_ns)
             if metrics is not None:  # None: a bare end-of-step marker
+                if _caller.LEFT_OUT in metrics:
+                    count_skipped(self.recorder.skipped, LEFT_OUT, metrics.pop(_caller.LEFT_OUT))
+                if prefix in READ_WHOLE:  # copied whole: keys as the caller made them
+                    metrics = exact_str_keys(metrics)
                 recorder = self.recorder
                 recorder.probing = steps.probing
                 recorder.tee(metrics, prefix, step, steps.is_stale(step))

@@ -138,7 +138,7 @@ def start_telemetry(
             warn_once("start", "async_tee: could not start telemetry; the tee stays a no-op")
             return _LAST
         _ACTIVE = _LAST = pipeline
-        _caller.attach(pipeline.queue, pipeline.read_keys, pipeline.prefixes)
+        _caller.attach(pipeline.queue, pipeline.snapshot_keys, pipeline.settings.max_attribute_sets)
         logger.info("async_tee: telemetry started: %s", settings.describe())
         return pipeline
 
@@ -277,7 +277,7 @@ def _after_fork_in_child() -> None:
     _caller.attach(None)  # the parent's queue: nobody drains it here
     pipeline = active()
     if pipeline is not None and pipeline._after_fork_in_child():
-        _caller.attach(pipeline.queue, pipeline.read_keys, pipeline.prefixes)
+        _caller.attach(pipeline.queue, pipeline.snapshot_keys, pipeline.settings.max_attribute_sets)
 
 
 def _install_hooks() -> None:

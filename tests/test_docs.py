@@ -86,7 +86,6 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "BATCH_SIZE": (_constant("BATCH_SIZE", "async_tee._worker"), None),
     "LAG_SAMPLES": (_constant("LAG_SAMPLES", "async_tee._worker"), None),
     "LOSS_WARNING_INTERVAL_S": (_constant("LOSS_WARNING_INTERVAL_S", "async_tee._worker"), "s"),
-    "FILTER_ABOVE": (_constant("FILTER_ABOVE", "async_tee._caller"), None),
     "COUNTED_STEPS": (_constant("COUNTED_STEPS", "async_tee._recorder"), None),
     "SLICE_S": (_constant("SLICE_S", "async_tee._gil"), "s"),
     "HANDOVER_S": (_constant("HANDOVER_S", "async_tee._gil"), "s"),
@@ -172,7 +171,6 @@ _PHRASES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "WAKE_TARGET": (
         (r"until (?:about |~)?(\d+) (?:more |dicts )*(?:are|have) (?:due|arrived)", None),
     ),
-    "FILTER_ABOVE": ((r"more than (\d+) keys", None), (r"up to (\d+) keys keep", None)),
     "COUNTED_STEPS": ((r"(\d+) most recent(?:ly seen)?(?: distinct)? steps", None),),
     "BATCH_SIZE": ((r"batches of (\d+)", None), (r"capacity \+ (\d+)", None)),
     "LAG_SAMPLES": ((r"last (\d+) (?:items|lags|dicts)", None),),

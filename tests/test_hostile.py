@@ -131,7 +131,7 @@ def test_after_a_poison_call_every_later_step_is_exported(sink: OtlpSink, poison
 
 def test_a_dict_that_fails_to_copy_is_counted_as_dropped(provider, reader, logs):
     async_tee.start_telemetry(provider)
-    async_tee.tee_rl_metrics_to_otel(BrokenMapping(), "train", 1)
+    async_tee.tee_rl_metrics_to_otel(BrokenMapping(), "timing/train", 1)  # copied whole
     async_tee.tee_rl_metrics_to_otel({"reward": 2.0}, "train", 2)
     assert async_tee.flush(10)
     stats = async_tee.stats()
@@ -328,3 +328,72 @@ def test_a_large_setup_dict_is_copied_whole(provider, reader):
     assert async_tee.flush(10)
     phases = {dict(attrs)["rl.setup.phase"] for name, attrs in collect(reader)}
     assert len(phases) == 500  # the setup family reads every key ending in _s
+
+
+class RaisingKey(str):
+    """A key whose comparison raises: equal by hash to a key the worker reads."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing this key")
+
+    def endswith(self, *args: Any) -> bool:  # type: ignore[override]
+        raise RuntimeError("no suffixes either")
+
+
+def test_a_key_whose_comparison_raises_costs_its_own_value_alone(provider, reader):
+    async_tee.start_telemetry(provider)
+    train = {RaisingKey("loss"): 9.0, "reward": 1.0, "grad_norm": 2.0}
+    timing = {RaisingKey("policy_training"): 3.0, "total_step_time": 4.0}
+    async_tee.tee_rl_metrics_to_otel(train, "train", 1)
+    async_tee.tee_rl_metrics_to_otel(timing, "timing/train", 1, step_finished=True)
+    assert async_tee.flush(10)
+    points = collect(reader)
+    assert points[(REWARD, frozenset())] == 1.0  # the dict's other values arrive
+    assert points[("rl.grad_norm", frozenset())] == 2.0
+    assert ("rl.policy.loss", frozenset()) not in points  # the bad key alone is lost...
+    stats = async_tee.stats()
+    assert stats["values_skipped"]["left_out"] == 1  # ...and counted, not booked as recorded
+    assert stats["errors"]["tee"] == 0
+    # A dict copied whole is read with plain-str keys: the bad key's text is a phase.
+    phases = {dict(attrs).get("rl.step.phase") for name, attrs in points}
+    assert "policy_training" in phases
+    assert points[("rl.step.duration", frozenset())] == 4.0
+
+
+RSS_CHILD = """
+import os, resource, sys
+import async_tee
+if sys.argv[1] == "on":
+    async_tee.start_telemetry(environ={"OTEL_METRICS_EXPORTER": "none"}, drain_interval_s=60.0)
+def rss_kib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+before = rss_kib()
+for step in range(100):  # a rollout's raw data beside the scalars, a fresh 8 MB list a step
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0, "raw": [0.0] * 1_000_000}, "train", step)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+@pytest.mark.slow
+def test_a_queued_dict_keeps_no_unread_value_alive():
+    import subprocess
+    import sys
+
+    grew = {
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", RSS_CHILD, mode],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        )
+        for mode in ("off", "on")
+    }
+    # Off, each list dies at the next step; on, the worker sleeps through all 100 calls, so
+    # a snapshot holding the list would keep 100 of them (800 MB) alive.
+    assert grew["on"] - grew["off"] < 4 * 1024, grew

@@ -255,8 +255,8 @@ def test_module_state_is_a_handful_of_names():
     # Mutable module state only: each of these has a one-line reason where it is defined.
     mutable = {
         "async_tee._caller._QUEUE",
-        "async_tee._caller._READ_KEYS",
-        "async_tee._caller._PREFIXES",
+        "async_tee._caller._SNAPSHOT_KEYS",
+        "async_tee._caller._WHOLE_UP_TO",
         "async_tee._telemetry._ACTIVE",
         "async_tee._telemetry._LAST",
         "async_tee._telemetry._LIFECYCLE",
