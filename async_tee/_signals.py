@@ -12,6 +12,19 @@ signals ``ASYNC_TEE_FLUSH_SIGNALS`` names (``TERM`` by default), see docs/semant
   (drain and export now, the session goes on), then theirs, which decides what happens;
 - an ignored signal, or a handler installed outside Python: left alone.
 
+Python runs a signal's handler on the main thread, between two bytecodes: while the main
+thread is inside a C call (a hung NCCL collective, a long CUDA sync, ``ray.get``) it does
+not run at all, and the process would wait for the call, forever for a hang, where
+without async_tee it would have died at once. So the session also points the signal
+module's wake-up fd (``signal.set_wakeup_fd``), which Python's C-level handler writes the
+signal's number to at once, at a pipe read by a thread of its own, ``async-tee-signals``.
+If the main thread has not started the handler within ``MAIN_GRACE_S``, that thread
+responds in its place: drains and exports (shuts down, for the default disposition) within
+``ASYNC_TEE_SHUTDOWN_TIMEOUT``, then, for the default disposition, restores it at the C level
+and sends the signal again, so the process dies of it as it would have. A wake-up fd the
+application set first (an asyncio loop's ``add_signal_handler``) is left to it, and the
+handler then runs on the main thread only.
+
 A handler installed after ours replaces it, as Python does (Ray's ``ray.init`` installs one
 that ends the process with ``sys.exit``). :meth:`SignalFlush.check`, run by the worker at each
 completed step, notices, warns once naming the new handler, and moves the session's end to
@@ -25,6 +38,7 @@ nothing here raises into the interrupted code.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -35,6 +49,12 @@ from typing import Any
 from async_tee._reporting import logger, warn_once
 
 Handler = Callable[[float], object]
+
+MAIN_GRACE_S = 0.1
+"""How long the signal thread waits for the main thread to start the handler itself before
+responding in its place (the main thread is then inside a C call)."""
+
+_STOP = b"\0"  # written to the pipe to end the signal thread: no signal has number 0
 
 
 class SignalFlush:
@@ -53,6 +73,11 @@ class SignalFlush:
         self._timeout_s = timeout_s
         self.previous: dict[int, Any] = {}
         self._handling = False
+        self._responding = threading.Lock()  # one response at a time, main or signal thread
+        self._main_entered = threading.Event()  # the main thread's handler has started
+        self._answered = False  # the signal thread responded; the main handler need not
+        self._pipe: tuple[int, int] | None = None  # (read, write) of the wake-up fd's pipe
+        self._thread: threading.Thread | None = None
         self._displaced: set[int] = set()  # signals whose handler is no longer ours, warned
         self._exit_hook = False  # whether _at_exit is registered with atexit
 
@@ -74,6 +99,31 @@ class SignalFlush:
                 warn_once(
                     f"signal:{name}", "async_tee: cannot handle SIG%s; not flushing on it", name
                 )
+        if self.previous:
+            self._watch()
+
+    def _watch(self) -> None:
+        """Point the wake-up fd at a pipe, and start the thread reading it (main thread)."""
+        read = write = -1
+        try:
+            read, write = os.pipe()
+            os.set_blocking(write, False)  # the C-level handler must never block on it
+            theirs = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            if theirs != -1:  # the application's (an asyncio loop's): theirs to keep
+                signal.set_wakeup_fd(theirs)
+                raise OSError("the wake-up fd is in use")
+            self._pipe = (read, write)
+            self._thread = threading.Thread(
+                target=self._read_signals, name="async-tee-signals", daemon=True
+            )
+            self._thread.start()
+        except Exception:  # noqa: BLE001 - the handler still runs on the main thread
+            logger.debug("async_tee: no signal thread; handlers run on the main thread only")
+            if self._pipe is None:
+                for fd in (read, write):
+                    if fd != -1:
+                        os.close(fd)
+            self._thread = None
 
     def check(self) -> None:
         """Notice a handler installed over ours (the worker, at a completed step). Never raises.
@@ -118,6 +168,7 @@ class SignalFlush:
             atexit.unregister(self._at_exit)
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may; the handlers then pass straight through
+        self._unwatch()
         for signum, previous in list(self.previous.items()):
             try:
                 if signal.getsignal(signum) == self._handle:
@@ -126,19 +177,80 @@ class SignalFlush:
                 warn_once("signal:restore", "async_tee: could not restore a signal handler")
             del self.previous[signum]
 
+    def _unwatch(self) -> None:
+        """Give the wake-up fd back, end the signal thread, close the pipe (main thread)."""
+        pipe, thread = self._pipe, self._thread
+        if pipe is None:
+            return
+        self._pipe = self._thread = None
+        try:
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, pipe[1]):  # set by someone since: theirs stays
+                signal.set_wakeup_fd(current)
+            os.write(pipe[1], _STOP)
+            if thread is not None:
+                thread.join(1.0)
+        except Exception:  # noqa: BLE001 - restoring must not raise at shutdown
+            warn_once("signal:unwatch", "async_tee: could not stop the signal thread")
+        finally:
+            for fd in pipe:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _read_signals(self) -> None:
+        """The signal thread: respond to a handled signal the main thread does not take up."""
+        pipe = self._pipe
+        if pipe is None:
+            return
+        while True:
+            try:
+                data = os.read(pipe[0], 64)
+            except OSError:
+                return
+            if not data or _STOP in data:
+                return
+            for signum in data:
+                if signum not in self.previous or signal.getsignal(signum) != self._handle:
+                    continue  # a signal of someone else's handler (or ours replaced)
+                if self._main_entered.wait(MAIN_GRACE_S):
+                    continue  # the main thread runs the handler itself
+                chained = callable(self.previous.get(signum))
+                try:
+                    with self._responding:
+                        self._answered = True
+                        self._respond(signum, chained, "the signal thread")
+                    if not chained:
+                        _die_of(signum)
+                except Exception:  # noqa: BLE001 - this thread must not die of a response
+                    warn_once("signal:thread", "async_tee: responding to a signal failed")
+
+    def _respond(self, signum: int, chained: bool, where: str) -> None:
+        """Drain and export (shut down, for the default disposition). Never raises."""
+        try:
+            then = "the application's handler" if chained else "exiting"
+            logger.info("async_tee: signal %d: flushing before %s (%s)", signum, then, where)
+            (self._flush if chained else self._shutdown)(self._timeout_s)
+        except Exception:  # noqa: BLE001 - the signal must still take its course
+            warn_once("signal:flush", "async_tee: flushing on a signal failed")
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         previous = self.previous.get(signum, signal.SIG_DFL)
         chained = callable(previous)
         if not self._handling:  # a second signal during the flush goes straight through
             self._handling = True
+            self._main_entered.set()
             try:
-                then = "the application's handler" if chained else "exiting"
-                logger.info("async_tee: signal %d: flushing before %s", signum, then)
-                (self._flush if chained else self._shutdown)(self._timeout_s)
-            except Exception:  # noqa: BLE001 - the signal must still take its course
-                warn_once("signal:flush", "async_tee: flushing on a signal failed")
+                # The signal thread may be responding already: wait for it (bounded).
+                if self._responding.acquire(timeout=self._timeout_s + 1.0):
+                    try:
+                        if not self._answered:
+                            self._respond(signum, chained, "the main thread")
+                        self._answered = False
+                    finally:
+                        self._responding.release()
             finally:
                 self._handling = False
+                self._main_entered.clear()
         if chained:
             previous(signum, frame)
             return
@@ -154,3 +266,22 @@ def _name(handler: object) -> str:
     if isinstance(qualname, str):
         return f"{module}.{qualname}" if isinstance(module, str) else qualname
     return repr(handler)
+
+
+def _die_of(signum: int) -> None:
+    """End the process of ``signum`` from any thread, as its default disposition would.
+
+    ``signal.signal`` works on the main thread only, which is stuck: the default is put
+    back at the C level (``signal(2)``), then the signal is sent again. Where that is not
+    possible, the process exits with the status a shell reports for it (128 + signum).
+    """
+    try:
+        import ctypes  # here only: the process is ending
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+    finally:
+        os._exit(128 + signum)  # reached only if the signal did not end the process

@@ -88,6 +88,7 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "LOSS_WARNING_INTERVAL_S": (_constant("LOSS_WARNING_INTERVAL_S", "async_tee._worker"), "s"),
     "COUNTED_STEPS": (_constant("COUNTED_STEPS", "async_tee._recorder"), None),
     "SLICE_S": (_constant("SLICE_S", "async_tee._gil"), "s"),
+    "MAIN_GRACE_S": (_constant("MAIN_GRACE_S", "async_tee._signals"), "s"),
     "HANDOVER_S": (_constant("HANDOVER_S", "async_tee._gil"), "s"),
     "METRICS_PER_SLICE": (_constant("METRICS_PER_SLICE", "async_tee._encode"), None),
     "CANCEL_MARGIN_S": (_constant("CANCEL_MARGIN_S", "async_tee._export"), "s"),

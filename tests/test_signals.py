@@ -54,6 +54,14 @@ for step in range(int(os.environ["STEPS"])):
     logger.log_metrics({"total_step_time": 1.0}, step, "timing/train", step_finished=True)
 if RAY:
     async_tee.flush()  # the worker has seen every step complete (and checked the handler)
+if os.environ.get("STUCK"):  # the main thread in one C call: a hung collective's shape
+    import hashlib
+    started = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"k", b"salt", 100_000)  # OpenSSL, the GIL released
+    per_round = (time.perf_counter() - started) / 100_000
+    print("ready", flush=True)
+    hashlib.pbkdf2_hmac("sha256", b"k", b"salt", int(10.0 / per_round))  # about 10 s
+    print("returned", flush=True)
 print("ready", flush=True)
 time.sleep(60)
 print("never reached", flush=True)
@@ -87,6 +95,8 @@ def _run_child(
             lines.append(line.strip())
             if line.strip() == "ready":
                 break
+        if env.get("STUCK"):
+            time.sleep(0.5)  # well inside the C call
         started = time.monotonic()
         child.send_signal(signal.SIGTERM)
         lines += [line.strip() for line in child.stdout]
@@ -106,6 +116,21 @@ def test_sigterm_delivers_the_last_step_and_the_process_still_dies_of_it(sink, p
     assert code == -signal.SIGTERM  # what a launcher sees: death by SIGTERM
     assert lines[0] == "handler SignalFlush._handle"
     assert took < 5.0 + 5.0  # ASYNC_TEE_SHUTDOWN_TIMEOUT, plus a noisy machine
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
+    assert _last(sink, "rl.step") == STEPS - 1
+    assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS  # exact: every delta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("run", range(5))
+def test_sigterm_while_the_main_thread_is_stuck_in_c_delivers_and_dies_within_the_timeout(
+    sink, protocol, run
+):
+    code, lines, took = _run_child(sink, protocol, STUCK="1", ASYNC_TEE_SHUTDOWN_TIMEOUT="3")
+    assert code == -signal.SIGTERM  # dead of the signal, as without async_tee
+    assert "returned" not in lines  # the C call never had to end first
+    assert took < 3.0 + 1.0  # ASYNC_TEE_SHUTDOWN_TIMEOUT + 1 s, where it waited ~10 s
     assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
     assert _last(sink, "rl.step") == STEPS - 1
     assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS  # exact: every delta
