@@ -455,6 +455,10 @@ class Pipeline:
             "shutdown": counts.shutdown,
             "snapshot": snapshot_failures,
         }
+        if worker.abandoned:  # shut down with the worker stuck: nothing pending will be recorded
+            dropped_by_reason["shutdown"] += (
+                enqueued - counts.recorded - sum(dropped_by_reason.values())
+            )
         dropped = sum(dropped_by_reason.values())
         lags = sorted(worker.lags_ms) if lag_percentiles else []
 

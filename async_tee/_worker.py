@@ -134,6 +134,7 @@ class Worker:
         self._wake_future: asyncio.Future[None] | None = None
         self._wake_pending = False
         self._stopping = False
+        self.abandoned = False  # stop() gave up on it: pending dicts count as dropped
         self._overflow_seen = 0
         self.wakes = 0  # loop iterations: timer wakes, high-water wakes, flushes
         self._loss_started_at: int | None = None
@@ -272,7 +273,7 @@ class Worker:
         for item, seq in batch:
             overflow += seq - expected  # the gap: items the full queue dropped, oldest first
             expected = seq + 1
-            if discard:
+            if discard or self.abandoned:
                 shutdown += 1
             else:
                 try:
@@ -413,6 +414,9 @@ class Worker:
             self.wake()
             self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
+            # Stuck past the deadline: what it has not recorded is booked as dropped for
+            # shutdown now (stats), and it discards the rest, should it ever come back.
+            self.abandoned = True
             return False
         clean = self.pending() == 0
         self._account(self.queue.pop_batch(self.queue.capacity), discard=True)

@@ -397,3 +397,31 @@ def test_a_queued_dict_keeps_no_unread_value_alive():
     # Off, each list dies at the next step; on, the worker sleeps through all 100 calls, so
     # a snapshot holding the list would keep 100 of them (800 MB) alive.
     assert grew["on"] - grew["off"] < 4 * 1024, grew
+
+
+def test_dicts_pending_behind_a_stuck_worker_are_booked_as_dropped_at_shutdown(provider):
+    import threading
+
+    session = running(async_tee.start_telemetry(provider))
+    release = threading.Event()
+    process = session.worker._process
+
+    def stuck(snapshot: Any) -> None:
+        release.wait(30)  # a callback that hangs, as a stuck SDK lock would
+        process(snapshot)
+
+    session.worker._process = stuck
+    for step in range(101):
+        async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", step)
+    assert async_tee.shutdown_telemetry(0.5) is False  # the deadline, not the worker
+    stats = async_tee.stats()
+    assert stats["pending"] == 0
+    assert stats["dropped_by_reason"]["shutdown"] == 101 - stats["recorded"]
+    assert _identity_holds(stats)
+    release.set()  # it comes back: it discards what it holds, and the books still add up
+    session.worker.thread.join(10)
+    assert not session.worker.thread.is_alive()
+    after = async_tee.stats()
+    assert after["enqueued"] == 101
+    assert _identity_holds(after)
+    assert after["pending"] == 0
