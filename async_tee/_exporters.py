@@ -18,8 +18,8 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from async_tee._reporting import logger, warn_once
-from async_tee._settings import Settings
+from async_tee._reporting import logger, redact, warn_once
+from async_tee._settings import Settings, redact_url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +103,11 @@ def _endpoint_problem(settings: Settings) -> str | None:
         return "http/protobuf needs an http:// or https:// URL"
     if not parts.hostname:
         return "it names no host"
+    if settings.otlp_protocol == "grpc" and (parts.username or parts.password):
+        return (
+            "it holds credentials (user:password@), which gRPC never sends; put them in "
+            "OTEL_EXPORTER_OTLP_HEADERS (e.g. authorization=Basic%20<base64>)"
+        )
     return None
 
 
@@ -143,7 +148,7 @@ def _otlp_exporter(settings: Settings) -> Any:
 
 
 def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
-    endpoint = settings.otlp_endpoint
+    endpoint = redact_url(settings.otlp_endpoint)  # as every message and figure shows it
     problem = _endpoint_problem(settings)
     if problem is not None:
         fix = (
@@ -154,7 +159,8 @@ def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterStat
     try:
         exporter = _otlp_exporter(settings)
     except Exception as exc:  # noqa: BLE001 - a bad setting must not stop training
-        fix = f"{type(exc).__name__}: {exc}; check the OTEL_EXPORTER_OTLP_* variables"
+        error = redact(str(exc), settings.secrets)
+        fix = f"{type(exc).__name__}: {error}; check the OTEL_EXPORTER_OTLP_* variables"
         return _failed("otlp", endpoint, fix)
     return exporter, ExporterState("otlp", True, endpoint)
 

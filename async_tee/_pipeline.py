@@ -33,7 +33,7 @@ from async_tee._mapping import LEFT_OUT, READ_WHOLE, SKIP_REASONS, count_skipped
 from async_tee._policy import StepPolicy
 from async_tee._provider import BuiltProvider, build_meter_provider
 from async_tee._recorder import CountedSteps, RLRecorder
-from async_tee._reporting import warn_once
+from async_tee._reporting import RedactSecrets, redacting, stop_redacting, warn_once
 from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee._settings import Settings
 from async_tee._signals import SignalFlush
@@ -190,6 +190,7 @@ class Pipeline:
             self.shutdown, self.flush_and_export, settings.shutdown_timeout_s
         )
         self._checked_at = 0  # the completed-step count at the last signal check
+        self._redactor: RedactSecrets | None = None  # the filter hiding settings.secrets
         self._closed = False
         self._lag_values: dict[str, float] = {}
         self._snapshot: tuple[int, float, dict[str, Any]] | None = None
@@ -209,6 +210,7 @@ class Pipeline:
             RuntimeError: The worker did not start, or the ``rl`` group is unavailable.
             Exception: Whatever the SDK raises on a bad setting. Nothing is left running.
         """
+        redactor = redacting(settings.secrets)  # before the SDK can log the endpoint
         counts = ExportCounts()
         policy = StepPolicy(
             min_interval_s=settings.min_export_interval_s,
@@ -227,7 +229,9 @@ class Pipeline:
                 with contextlib.suppress(Exception):
                     built.provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
                 close_servers(built.started.servers)
+            stop_redacting(redactor)
             raise
+        session._redactor = redactor
         session._signals.install(settings.flush_signals)
         return session
 
@@ -287,6 +291,7 @@ class Pipeline:
         if not self.worker.thread.is_alive():
             self.steps.close()  # the last step completes; the final export carries it
         delivered = self._shutdown_provider(deadline) and recorded
+        stop_redacting(self._redactor)
         self._signals.restore()  # what the session changed, where it still holds
         return delivered
 

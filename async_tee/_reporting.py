@@ -58,3 +58,61 @@ def reset_warnings() -> None:
     global _SATURATED
     _WARNED.clear()
     _SATURATED = False
+
+
+SECRET_LOGGERS = (
+    "async_tee",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.sdk.metrics._internal.export",
+    "urllib3.connectionpool",
+)
+"""The loggers whose records may carry the endpoint or a header: async_tee's own, the OTLP
+exporters', the SDK reader's and urllib3's. A filter on each redacts a session's secrets."""
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret replaced by ``***`` (the longest first)."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record's message and traceback text without the session's secrets."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+            clean = redact(message, self.secrets)
+            if clean != message:
+                record.msg, record.args = clean, ()
+            if record.exc_info and not record.exc_text:
+                record.exc_text = redact(
+                    logging.Formatter().formatException(record.exc_info), self.secrets
+                )
+        except Exception:  # noqa: BLE001 - a filter must never stop a record
+            pass
+        return True
+
+
+def redacting(secrets: tuple[str, ...]) -> RedactSecrets | None:
+    """Install a redacting filter on :data:`SECRET_LOGGERS`; None when there is nothing to hide."""
+    if not secrets:
+        return None
+    redactor = RedactSecrets(secrets)
+    for name in SECRET_LOGGERS:
+        logging.getLogger(name).addFilter(redactor)
+    return redactor
+
+
+def stop_redacting(redactor: RedactSecrets | None) -> None:
+    """Remove what :func:`redacting` installed."""
+    if redactor is not None:
+        for name in SECRET_LOGGERS:
+            logging.getLogger(name).removeFilter(redactor)

@@ -56,7 +56,32 @@ class Settings:
         return True
 
     def describe(self) -> str:
-        """One line for the log, headers' values redacted."""
+        """One line for the log: headers' values and the endpoint's credentials redacted."""
         fields = dataclasses.asdict(self)
         fields["otlp_headers"] = [name for name, _ in self.otlp_headers]
+        fields["otlp_endpoint"] = redact_url(self.otlp_endpoint)
         return " ".join(f"{name}={value!r}" for name, value in fields.items())
+
+    def __repr__(self) -> str:
+        return f"Settings({self.describe()})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The text no log line, figure or repr may show: header values, URL credentials."""
+        found = [value for _, value in self.otlp_headers if value]
+        userinfo = _userinfo(self.otlp_endpoint)
+        if userinfo:
+            found += [userinfo, *(part for part in userinfo.split(":") if part)]
+        return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def _userinfo(url: str) -> str:
+    """The ``user:password`` of ``scheme://user:password@host...``, or ""."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    return authority.rpartition("@")[0]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials (``user:password@``) shown as ``***@``."""
+    userinfo = _userinfo(url)
+    return url.replace(f"{userinfo}@", "***@", 1) if userinfo else url

@@ -242,3 +242,37 @@ def test_a_key_that_cannot_be_encoded_costs_its_own_point_never_the_scrape(logs)
     (warning,) = [r for r in async_tee_warnings(logs) if "attributes" in r.getMessage()]
     assert "\\udcff" in warning.getMessage()  # named, escaped
     assert async_tee.shutdown_telemetry(5)
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_endpoint_credentials_and_header_values_appear_nowhere(protocol, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, the SDK's and urllib3's included
+    with socket.socket() as closed:  # a port nobody listens on: every export fails, loudly
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    session = async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://alice:PASSWORD42@127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20TOKEN42",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        }
+    )
+    tee_the_fixture()
+    assert async_tee.flush(5)
+    async_tee.shutdown_telemetry(3)
+    stats = async_tee.stats()
+    if protocol == "grpc":  # gRPC never sends URL credentials: refused at start, with the fix
+        assert stats["exporters"]["otlp"]["state"] == "failed"
+        assert "OTEL_EXPORTER_OTLP_HEADERS" in stats["exporters"]["otlp"]["error"]
+    shown = [
+        *(record.getMessage() for record in caplog.records),
+        *(record.exc_text or "" for record in caplog.records),
+        repr(stats),
+        repr(session),
+        repr(session.settings),
+        session.settings.describe(),
+    ]
+    for secret in ("PASSWORD42", "TOKEN42", "alice"):
+        assert not [text for text in shown if secret in text], secret
+    assert any("***@127.0.0.1" in text for text in shown)  # the endpoint, redacted
