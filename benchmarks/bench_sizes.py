@@ -16,12 +16,18 @@ figures then understate, if anything, what filtering saves.
 
 The variants, the same call ``tee_rl_metrics_to_otel(d, "train", step)``:
 
-- ``filtered``: the shipped behaviour: a ``train``/``""`` dict with more than
-  ``async_tee._caller.FILTER_ABOVE`` keys (384) is snapshotted to the keys the worker reads
-  (``_caller._READ_KEYS``); smaller ones are copied whole, so at 68 keys both variants run
-  the same code (a check of the noise: their ratio should be about 1);
-- ``whole``: the behaviour before the filter, every dict copied with ``dict(metrics)``:
-  ``FILTER_ABOVE`` is set to ``10**12`` for that block, and restored after it.
+- ``filtered``: the shipped behaviour: a ``train`` dict, whatever its size, is snapshotted
+  to the keys the worker reads from it (``async_tee._caller._SNAPSHOT_KEYS["train"]``, a
+  tuple, set by the session), so a queued dict keeps no unread value alive;
+- ``whole``: the behaviour before, every dict copied with ``dict(metrics)``:
+  ``_SNAPSHOT_KEYS["train"]`` is set to None (copied whole) and ``_caller._WHOLE_UP_TO``
+  to ``10**12`` (no key left out) for that block, inside its session, and both are
+  restored after it.
+
+There is no size threshold any more: the shipped rule filters every size. At small sizes
+the whole copy is cheaper (``dict(d)`` of 68 keys is one C-level copy; the filter looks up
+each read key); by how much, and how much the filter saves at 2,000 and 100,000 keys, is
+what this bench reports.
 
 **Caller latency.** Telemetry runs with ``OTEL_METRICS_EXPORTER=none`` (no exporter), the
 default queue and drain interval, one fresh session per block (``shutdown_telemetry(1)``
@@ -29,37 +35,36 @@ and ``testing.reset`` after each). One call is bracketed by two ``perf_counter_n
 reads in the loop ``bench_latency.py`` uses (``_blocks.py``), back to back, a new step
 each call; every sample is kept, and p50, p99, p99.9 and max are reported from all of
 them (pooled over blocks), with the median of the per-block p50s, which the ratios use.
+An empty timer row (the two reads around ``pass``) gives the floor every figure includes.
 ``--calls`` (100,000 by default) per row, split over the blocks; a whole copy of 100,000
-keys takes ~1.5 ms, so those rows get 4 % of the calls. Back to back, the caller outruns
+keys takes ~2 ms, so those rows get 4 % of the calls. Back to back, the caller outruns
 the worker (which drains every 50 ms, or when the queue reaches three quarters), so the
 queue overflows in most rows and ``put`` drops the oldest snapshot, freeing it on the
 caller's thread: part of what a copy costs there. The ``dropped`` column counts it.
 
-**Crossover.** Copy against filter at 68, 200, 300, 400 and 600 keys: ``FILTER_ABOVE`` is
-set to ``10**12`` (always copy) or ``0`` (always filter) for the block. Together with the
-2,000- and 100,000-key rows, the size where the filter's p50 first drops below the copy's
-for good is located: from the largest size where copying is still no dearer, by linear
-interpolation to the next size (sizes below it where the filter won anyway are listed).
-Reported, not asserted; the shipped ``FILTER_ABOVE`` is printed beside it.
+**Copy against filter, per size.** For each size, the whole copy's p50 against the
+filter's (median of block p50s): their ratio, their difference in µs (the timer cancels
+out) and which is cheaper. Reported, not asserted.
 
 Every latency row (both variants of every size, and the empty timer) runs interleaved:
 each of ``--blocks`` rounds runs every row once, in a rotated order.
 
 **Queue memory.** Each (size, variant) cell runs in its own child process, so no earlier
 cell's freed memory is reused: ``start_telemetry(environ={"OTEL_METRICS_EXPORTER":
-"none"}, drain_interval_s=60.0, queue_size=1024)``, the queue's high-water mark raised
-above its capacity (so the fill does not wake the worker: it sleeps throughout, which
-``recorded`` confirms), a warm-up (8 tees, a flush, ``gc.collect()``), then 1,024 tees of
-the same dict, step 1..1,024. Held: the growth of ``VmRSS`` (``/proc/self/status``) over
-the fill, in a first session; then, in a second session after ``shutdown_telemetry(1)``,
-the growth of ``tracemalloc``'s traced memory over the same fill (tracemalloc started
-after the warm-up). A whole copy of 100,000 keys is ~3.7 MiB, so that cell fills 64 slots
-(any cell whose 1,024 copies would exceed ``MEMORY_BUDGET``) and its figures for a full
-queue are extrapolated linearly (x 16), labelled so. ``sys.getsizeof`` of one queued item
-(snapshot dict, the two tuples) is reported beside them.
+"none"}, drain_interval_s=60.0, queue_size=1024)``, the variant's snapshot rule set in the
+session (as above), the queue's high-water mark raised above its capacity (so the fill
+does not wake the worker: it sleeps throughout, which ``recorded`` confirms), a warm-up (8
+tees, a flush, ``gc.collect()``), then 1,024 tees of the same dict, step 1..1,024. Held:
+the growth of ``VmRSS`` (``/proc/self/status``) over the fill, in a first session; then,
+in a second session after ``shutdown_telemetry(1)``, the growth of ``tracemalloc``'s
+traced memory over the same fill (tracemalloc started after the warm-up). A whole copy of
+100,000 keys is ~3.7 MiB, so that cell fills 64 slots (any cell whose 1,024 copies would
+exceed ``MEMORY_BUDGET``) and its figures for a full queue are extrapolated linearly
+(x 16), labelled so. ``sys.getsizeof`` of one queued item (snapshot dict, the two tuples)
+is reported beside them.
 
-Full: 9 blocks, about 40 s on a 2-core VM. ``--quick``: 4,000 calls a row in 2 blocks
-(a smoke run, no figure to rely on), about 5 s.
+Full: 9 blocks, about 20 s on a 2-core VM. ``--quick``: 4,000 calls a row in 2 blocks
+(a smoke run, no figure to rely on), about 3 s.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from time import monotonic_ns
 from typing import Any
 
@@ -107,15 +113,13 @@ import async_tee
 from async_tee import _caller, testing
 
 SIZES = (68, 2_000, 100_000)
-CROSSOVER_SIZES = (68, 200, 300, 400, 600)
-SHIPPED_FILTER_ABOVE = _caller.FILTER_ABOVE
-ALWAYS_COPY = 10**12  # FILTER_ABOVE for the whole-copy variant
-ALWAYS_FILTER = 0  # FILTER_ABOVE that filters every train dict
+VARIANTS = ("filtered", "whole")
+PREFIX = "train"
+UNBOUNDED = 10**12  # _WHOLE_UP_TO for the whole-copy variant: no key left out
 NO_EXPORTER = {"OTEL_METRICS_EXPORTER": "none"}
 STOP_S = 1.0  # shutdown_telemetry's budget between blocks and phases
-# Share of --calls for a size's rows: a whole copy of 100,000 keys takes ~1.5 ms.
+# Share of --calls for a size's rows: a whole copy of 100,000 keys takes ~2 ms.
 CALLS_SHARE = {100_000: 0.04}
-CROSSOVER_SHARE = 1.0
 PAD_VALUES = ("float", "list")
 
 QUEUE_SIZE = 1024
@@ -136,15 +140,26 @@ def padded_dict(size: int, values: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def filter_above(value: int | None) -> Iterator[None]:
-    """``_caller.FILTER_ABOVE`` set to ``value`` (None: the shipped one), restored after."""
-    shipped = _caller.FILTER_ABOVE
-    if value is not None:
-        _caller.FILTER_ABOVE = value
+def snapshot_rule(variant: str) -> Iterator[tuple[str, ...]]:
+    """The running session's tee snapshotting ``train`` dicts as ``variant`` does.
+
+    ``filtered``: the session's own rule, checked to be a key tuple; ``whole``:
+    ``_SNAPSHOT_KEYS["train"]`` None and ``_WHOLE_UP_TO`` unbounded, both restored after.
+    Yields the session's (shipped) ``train`` keys. Only inside a session: starting one
+    re-attaches the caller, replacing both knobs.
+    """
+    keys = _caller._SNAPSHOT_KEYS
+    shipped, whole_up_to = keys.get(PREFIX), _caller._WHOLE_UP_TO
+    if _caller.attached() is None or not isinstance(shipped, tuple):
+        raise RuntimeError(f"no session snapshotting {PREFIX!r} dicts to keys: {shipped!r}")
+    if variant == "whole":
+        keys[PREFIX] = None
+        _caller._WHOLE_UP_TO = UNBOUNDED
     try:
-        yield
+        yield shipped
     finally:
-        _caller.FILTER_ABOVE = shipped
+        keys[PREFIX] = shipped
+        _caller._WHOLE_UP_TO = whole_up_to
 
 
 def stop_session(handle: async_tee.Pipeline | async_tee.DisabledSession) -> bool:
@@ -160,10 +175,8 @@ def stop_session(handle: async_tee.Pipeline | async_tee.DisabledSession) -> bool
 # ------------------------------------------------------------------ caller latency
 
 
-def session_setup(
-    threshold: int | None,
-) -> Callable[[Env], contextlib.AbstractContextManager[Target]]:
-    """A block's setup: a fresh session without exporter, the tee at ``threshold``."""
+def session_setup(variant: str) -> Callable[[Env], contextlib.AbstractContextManager[Target]]:
+    """A block's setup: a fresh session without exporter, the tee snapshotting as ``variant``."""
 
     @contextlib.contextmanager
     def setup(env: Env) -> Iterator[Target]:
@@ -172,7 +185,7 @@ def session_setup(
             raise RuntimeError("start_telemetry did not start")
         info: dict[str, Any] = {}
         try:
-            with filter_above(threshold):
+            with snapshot_rule(variant):
                 yield Target(
                     async_tee.tee_rl_metrics_to_otel,
                     pipeline=True,
@@ -189,29 +202,28 @@ def session_setup(
 
 
 Cell = tuple[Condition, Env]
+LABELS = {"filtered": "filtered", "whole": "whole copy"}
 
 
 def latency_cells(values: str) -> tuple[list[Cell], dict[int, dict[str, Any]]]:
-    """Every latency row with its dict: both variants per size, the crossover, the timer."""
-    dicts = {size: padded_dict(size, values) for size in {*SIZES, *CROSSOVER_SIZES}}
+    """Every latency row with its dict: both variants per size, and the timer."""
+    dicts = {size: padded_dict(size, values) for size in SIZES}
     cells: list[Cell] = []
     for size in SIZES:
         share = CALLS_SHARE.get(size, 1.0)
         env = Env(dicts[size], {})
         cells += [
-            (Condition(f"{size}_filtered", f"{size} keys, filtered", session_setup(None),
-                       calls_share=share), env),
-            (Condition(f"{size}_whole", f"{size} keys, whole copy", session_setup(ALWAYS_COPY),
-                       calls_share=share), env),
-        ]  # fmt: skip
-    for size in CROSSOVER_SIZES:
-        env = Env(dicts[size], {})
-        cells += [
-            (Condition(f"x{size}_copy", f"crossover {size} keys, copy",
-                       session_setup(ALWAYS_COPY), calls_share=CROSSOVER_SHARE), env),
-            (Condition(f"x{size}_filter", f"crossover {size} keys, filter",
-                       session_setup(ALWAYS_FILTER), calls_share=CROSSOVER_SHARE), env),
-        ]  # fmt: skip
+            (
+                Condition(
+                    f"{size}_{variant}",
+                    f"{size} keys, {LABELS[variant]}",
+                    session_setup(variant),
+                    calls_share=share,
+                ),
+                env,
+            )
+            for variant in VARIANTS
+        ]
     cells.append((TIMER, Env({}, {})))
     return cells, dicts
 
@@ -230,32 +242,21 @@ def ratio(slow: dict[str, Any], fast: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def crossover(points: Sequence[tuple[int, float, float]]) -> dict[str, Any]:
-    """Where the filter's p50 drops below the copy's for good, from (keys, copy, filter).
-
-    From the largest size where copying is still no dearer, linear interpolation of
-    ``copy - filter`` to the next size; sizes below it where the filter was cheaper (noise,
-    or a non-monotonic cost) are listed, not hidden.
-    """
-    points = sorted(points)
-    copy_cheaper = [i for i, (_, c, f) in enumerate(points) if c <= f]
-    if not copy_cheaper:
-        return {"keys": None, "between": None, "note": f"filter cheaper from {points[0][0]} keys"}
-    i = copy_cheaper[-1]
-    if i == len(points) - 1:
-        return {"keys": None, "between": None, "note": "copy no dearer at every measured size"}
-    (k0, c0, f0), (k1, c1, f1) = points[i], points[i + 1]
-    d0, d1 = c0 - f0, c1 - f1
+def comparison(keys: int, whole: dict[str, Any], filtered: dict[str, Any]) -> dict[str, Any]:
+    """Copy against filter at one size, by p50 (median of block p50s): reported, not asserted."""
+    copy_p50, filter_p50 = whole["median_block_p50_us"], filtered["median_block_p50_us"]
     return {
-        "keys": round(k0 + (k1 - k0) * -d0 / (d1 - d0)),
-        "between": [k0, k1],
-        "note": "linear interpolation",
-        "filter_cheaper_below": [k for k, c, f in points[:i] if f < c],
+        "keys": keys,
+        "copy_p50_us": copy_p50,
+        "filter_p50_us": filter_p50,
+        "copy_over_filter_p50": copy_p50 / filter_p50,
+        "copy_minus_filter_p50_us": copy_p50 - filter_p50,
+        "cheaper": "filter" if filter_p50 < copy_p50 else "copy",
     }
 
 
 def latency_report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Rows per size and variant, whole/filtered ratios, the crossover table and estimate."""
+    """Rows per size and variant, whole/filtered ratios, the per-size comparison, the timer."""
     sizes: dict[str, Any] = {}
     for size in SIZES:
         filtered, whole = results[f"{size}_filtered"], results[f"{size}_whole"]
@@ -263,64 +264,41 @@ def latency_report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "filtered": filtered,
             "whole": whole,
             "whole_over_filtered": ratio(whole, filtered),
-            "filter_applies": size > SHIPPED_FILTER_ABOVE,
         }
-    rows: list[dict[str, Any]] = []
-    points: list[tuple[int, float, float]] = []
-    for size in CROSSOVER_SIZES:
-        copy, filt = results[f"x{size}_copy"], results[f"x{size}_filter"]
-        rows.append({"keys": size, "copy": copy, "filter": filt, "source": "crossover rows"})
-    for size in SIZES:
-        if size > SHIPPED_FILTER_ABOVE and size not in CROSSOVER_SIZES:
-            entry = sizes[str(size)]
-            rows.append(
-                {"keys": size, "copy": entry["whole"], "filter": entry["filtered"],
-                 "source": "size rows"}
-            )  # fmt: skip
-    rows.sort(key=lambda r: r["keys"])
-    verdicts = []
-    for row in rows:
-        copy_p50 = row["copy"]["median_block_p50_us"]
-        filter_p50 = row["filter"]["median_block_p50_us"]
-        points.append((row["keys"], copy_p50, filter_p50))
-        verdicts.append(
-            {
-                "keys": row["keys"],
-                "source": row["source"],
-                "copy_p50_us": copy_p50,
-                "filter_p50_us": filter_p50,
-                "copy_p99_us": row["copy"]["us"]["p99"],
-                "filter_p99_us": row["filter"]["us"]["p99"],
-                "copy_over_filter_p50": copy_p50 / filter_p50,
-                "filter_cheaper": filter_p50 < copy_p50,
-            }
-        )
     return {
         "sizes": sizes,
-        "crossover_rows": {
-            key: row for key, row in results.items() if key.startswith("x") or key == "timer"
-        },
-        "crossover": verdicts,
-        "crossover_estimate": {**crossover(points), "shipped_filter_above": SHIPPED_FILTER_ABOVE},
+        "timer": results["timer"],
+        "comparison": [
+            comparison(size, sizes[str(size)]["whole"], sizes[str(size)]["filtered"])
+            for size in SIZES
+        ],
     }
 
 
 # ------------------------------------------------------------------ queue memory
 
 
-def item_bytes(d: dict[str, Any], whole: bool) -> int:
-    """``sys.getsizeof`` of one queued item as the tee builds it (values shared, not counted)."""
-    read = _caller._READ_KEYS
-    snapshot = dict(d) if whole else {key: d[key] for key in read if key in d}
-    teed = (snapshot, "train", 10**6, False, monotonic_ns())
+def item_bytes(d: dict[str, Any]) -> int:
+    """``sys.getsizeof`` of one queued item as the tee builds it now (values not counted)."""
+    keys, whole_up_to = _caller._SNAPSHOT_KEYS[PREFIX], _caller._WHOLE_UP_TO
+    snapshot: dict[Any, Any]
+    if keys is not None:
+        snapshot = {key: d[key] for key in keys if key in d}
+    elif len(d) <= whole_up_to:
+        snapshot = dict(d)
+    else:
+        snapshot = dict(islice(d.items(), whole_up_to))
+        snapshot[_caller.LEFT_OUT] = len(d) - whole_up_to
+    teed = (snapshot, PREFIX, 10**6, False, monotonic_ns())
     item = (teed, 10**6)
     ints = sys.getsizeof(teed[2]) + sys.getsizeof(teed[4]) + sys.getsizeof(item[1])
     return sys.getsizeof(snapshot) + sys.getsizeof(teed) + sys.getsizeof(item) + ints
 
 
 @contextlib.contextmanager
-def asleep_session() -> Iterator[Any]:
-    """A session whose worker sleeps through a fill of the whole queue; stopped after."""
+def asleep_session(variant: str) -> Iterator[tuple[Any, tuple[str, ...], int]]:
+    """A session whose worker sleeps through a fill of the whole queue, the tee snapshotting
+    as ``variant``; yields the queue, the shipped ``train`` keys and ``_WHOLE_UP_TO``."""
     handle = async_tee.start_telemetry(
         environ=NO_EXPORTER, drain_interval_s=60.0, queue_size=QUEUE_SIZE
     )
@@ -328,8 +306,10 @@ def asleep_session() -> Iterator[Any]:
     if not handle.is_exporting or queue is None:
         raise RuntimeError("start_telemetry did not start")
     queue.high_water = queue.capacity + 1  # a full queue must not wake the worker
+    whole_up_to = _caller._WHOLE_UP_TO
     try:
-        yield queue
+        with snapshot_rule(variant) as shipped:
+            yield queue, shipped, whole_up_to
     finally:
         stop_session(handle)
 
@@ -338,13 +318,13 @@ def fill(d: dict[str, Any], n: int, queue: Any, measure: Callable[[], int]) -> d
     """Warm up, then ``n`` tees of ``d`` on a sleeping worker; ``measure()`` before and after."""
     tee = async_tee.tee_rl_metrics_to_otel
     for step in range(MEMORY_WARMUP):
-        tee(d, "train", -1 - step)
+        tee(d, PREFIX, -1 - step)
     async_tee.flush(2 * STOP_S)
     gc.collect()
     recorded = async_tee.stats()["recorded"]
     before = measure()
     for step in range(1, n + 1):
-        tee(d, "train", step)
+        tee(d, PREFIX, step)
     after = measure()
     return {
         "bytes": after - before,
@@ -360,18 +340,15 @@ def traced_bytes() -> int:
 def memory_cell(size: int, variant: str, filled: int, values: str) -> dict[str, Any]:
     """One cell, in this (child) process: RSS growth over a fill, then traced growth."""
     d = padded_dict(size, values)
-    threshold = ALWAYS_COPY if variant == "whole" else None
-    with filter_above(threshold):
-        with asleep_session() as queue:
-            rss = fill(d, filled, queue, rss_bytes)
-            item = item_bytes(d, whole=len(d) <= _caller.FILTER_ABOVE)
-            read_keys = len(_caller._READ_KEYS), sum(key in d for key in _caller._READ_KEYS)
-        with asleep_session() as queue:
-            tracemalloc.start()
-            try:
-                traced = fill(d, filled, queue, traced_bytes)
-            finally:
-                tracemalloc.stop()
+    with asleep_session(variant) as (queue, shipped, whole_up_to):
+        rss = fill(d, filled, queue, rss_bytes)
+        item = item_bytes(d)
+    with asleep_session(variant) as (queue, _, _):
+        tracemalloc.start()
+        try:
+            traced = fill(d, filled, queue, traced_bytes)
+        finally:
+            tracemalloc.stop()
     return {
         "keys": size,
         "variant": variant,
@@ -379,8 +356,9 @@ def memory_cell(size: int, variant: str, filled: int, values: str) -> dict[str, 
         "rss": rss,
         "traced": traced,
         "item_bytes_getsizeof": item,
-        "read_keys": read_keys[0],
-        "read_keys_in_dict": read_keys[1],
+        "snapshot_keys": len(shipped),
+        "snapshot_keys_in_dict": sum(key in d for key in shipped),
+        "whole_up_to_shipped": whole_up_to,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -425,8 +403,7 @@ def memory_report(dicts: dict[int, dict[str, Any]], values: str) -> dict[str, An
     """Both variants per size: what a full queue holds, each cell in its own process."""
     sizes: dict[str, Any] = {}
     for size in SIZES:
-        filtered_fill = QUEUE_SIZE if size > SHIPPED_FILTER_ABOVE else memory_fill(dicts[size])
-        filtered = run_memory_cell(size, "filtered", filtered_fill, values)
+        filtered = run_memory_cell(size, "filtered", QUEUE_SIZE, values)
         whole = run_memory_cell(size, "whole", memory_fill(dicts[size]), values)
         sizes[str(size)] = {
             "filtered": filtered,
@@ -464,15 +441,13 @@ LATENCY_HEADER = (
     "p99",
     "dropped f/w",
 )
-CROSSOVER_HEADER = (
+COMPARISON_HEADER = (
     "keys",
     "copy p50",
     "filter p50",
-    "copy p99",
-    "filter p99",
+    "copy - filter p50",
     "copy/filter p50",
-    "filter cheaper",
-    "rows",
+    "cheaper",
 )
 MEMORY_HEADER = (
     "keys",
@@ -511,21 +486,30 @@ def latency_rows(latency: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def crossover_rows(latency: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One row per size with copy and filter measured (p50: median of block p50s)."""
+def comparison_rows(latency: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per size: copy against filter by p50 (median of block p50s)."""
     return [
         (
             f"{v['keys']:,}",
             fmt(v["copy_p50_us"]),
             fmt(v["filter_p50_us"]),
-            fmt(v["copy_p99_us"]),
-            fmt(v["filter_p99_us"]),
+            ("+" if v["copy_minus_filter_p50_us"] >= 0 else "")
+            + fmt(v["copy_minus_filter_p50_us"]),
             f"{v['copy_over_filter_p50']:.2f}",
-            "yes" if v["filter_cheaper"] else "no",
-            v["source"],
+            v["cheaper"],
         )
-        for v in latency["crossover"]
+        for v in latency["comparison"]
     ]
+
+
+def timer_line(latency: dict[str, Any]) -> str:
+    """The empty timer pair's figures: the floor every latency figure includes."""
+    timer = latency["timer"]
+    figures = ", ".join(f"{p} {fmt(timer['us'][p])}" for p in ("p50", "p99", "p99.9", "max"))
+    return (
+        f"Empty timer pair (the floor every figure includes), µs: {figures} "
+        f"(median of block p50s {timer['median_block_p50_us']:.3f}, n {timer['n']})."
+    )
 
 
 def _mib(cell: dict[str, Any], key: str) -> str:
@@ -554,45 +538,30 @@ def memory_rows(memory: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def crossover_line(latency: dict[str, Any]) -> str:
-    est = latency["crossover_estimate"]
-    where = (
-        f"about {est['keys']:,} keys (between {est['between'][0]} and {est['between'][1]}, "
-        f"{est['note']})"
-        if est["keys"] is not None
-        else est["note"]
-    )
-    if est.get("filter_cheaper_below"):
-        where += f"; the filter was also cheaper at {est['filter_cheaper_below']} keys"
-    return (
-        f"Crossover (filter p50 below copy p50) on this host: {where}; shipped "
-        f"FILTER_ABOVE = {est['shipped_filter_above']}. Reported, not asserted."
-    )
-
-
 def section(report: dict[str, Any]) -> list[str]:
     """The three tables as markdown lines (no title)."""
     config, latency, memory = report["config"], report["latency"], report["memory"]
-    timer = latency["crossover_rows"]["timer"]["median_block_p50_us"]
     capped = [f"{int(s):,}" for s, e in memory["sizes"].items() if e["whole"]["extrapolated"]]
     return [
         f"The fixture's 68-key `train` dict padded with unread `env/noise_i` keys "
-        f"({config['values']} values). `filtered`: shipped (FILTER_ABOVE = "
-        f"{config['filter_above']}: at 68 keys both variants copy); `whole`: FILTER_ABOVE "
-        f"set to 10**12 (every dict copied, as before the filter). Telemetry on, no exporter, "
-        f"default queue, back to back, {config['blocks']} interleaved blocks per row; times "
-        f"in µs from all samples, timer included (empty pair p50 {timer:.3f} µs); ratios "
-        "use the median of block p50s (p50) and pooled p99. `dropped`: dicts the full "
-        "queue dropped (back to back overflows it).",
+        f"({config['values']} values). `filtered`: shipped, every `train` dict snapshotted "
+        f"to the {config['train_snapshot_keys']} keys the worker reads from it "
+        f"({config['train_snapshot_keys_in_dict']} of them in the fixture's dict), whatever "
+        "its size; `whole`: `_SNAPSHOT_KEYS['train']` set to None and `_WHOLE_UP_TO` to "
+        "10**12 (every dict copied whole, as before). Telemetry on, no exporter, default "
+        f"queue, back to back, {config['blocks']} interleaved blocks per row; times in µs "
+        "from all samples, timer included; ratios use the median of block p50s (p50) and "
+        "pooled p99. `dropped`: dicts the full queue dropped (back to back overflows it).",
         "",
         *md_table(LATENCY_HEADER, latency_rows(latency)),
         "",
-        "Copy against filter per size (FILTER_ABOVE forced to 10**12 or 0 for the "
-        "crossover rows; the size rows' whole and filtered above 384 keys):",
+        timer_line(latency),
         "",
-        *md_table(CROSSOVER_HEADER, crossover_rows(latency)),
+        "Copy against filter per size (p50: median of block p50s; µs). Reported, not "
+        "asserted: the filter is shipped at every size, so a queued dict keeps no unread "
+        "value alive, even where the copy is cheaper.",
         "",
-        crossover_line(latency),
+        *md_table(COMPARISON_HEADER, comparison_rows(latency)),
         "",
         f"Queue memory: a {memory['queue_size']}-slot queue filled with tees of the same "
         "dict (new step each) while the worker sleeps; growth of tracemalloc's traced "
@@ -613,10 +582,10 @@ def console(report: dict[str, Any]) -> list[str]:
     return [
         "Caller latency per tee call, µs (pooled; ratios: p50 median of blocks, pooled p99)",
         *text_table(LATENCY_HEADER, latency_rows(latency)),
+        timer_line(latency),
         "",
-        "Copy against filter (p50: median of block p50s)",
-        *text_table(CROSSOVER_HEADER, crossover_rows(latency)),
-        crossover_line(latency),
+        "Copy against filter per size (p50: median of block p50s; reported, not asserted)",
+        *text_table(COMPARISON_HEADER, comparison_rows(latency)),
         "",
         "Queue memory, full queue (* extrapolated from a partial fill)",
         *text_table(MEMORY_HEADER, memory_rows(memory)),
@@ -657,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     latency = latency_report(results)
     memory = memory_report(dicts, args.values)
+    shipped = memory["sizes"][str(SIZES[0])]["filtered"]
     report = {
         "machine": machine_info(),
         "config": {
@@ -665,13 +635,12 @@ def main(argv: list[str] | None = None) -> int:
             "blocks": blocks,
             "calls_per_row": calls,
             "calls_share": {str(k): v for k, v in CALLS_SHARE.items()},
-            "crossover_share": CROSSOVER_SHARE,
             "warmup_calls_max": WARMUP_CALLS,
-            "filter_above": SHIPPED_FILTER_ABOVE,
-            "read_keys": memory["sizes"][str(SIZES[0])]["filtered"]["read_keys"],
-            "read_keys_in_dict": memory["sizes"][str(SIZES[0])]["filtered"]["read_keys_in_dict"],
+            "train_snapshot_keys": shipped["snapshot_keys"],
+            "train_snapshot_keys_in_dict": shipped["snapshot_keys_in_dict"],
+            "whole_up_to_shipped": shipped["whole_up_to_shipped"],
+            "whole_up_to_whole_variant": UNBOUNDED,
             "sizes": SIZES,
-            "crossover_sizes": CROSSOVER_SIZES,
         },
         "latency": latency,
         "memory": memory,

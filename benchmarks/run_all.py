@@ -12,7 +12,8 @@ against the tee: two tables from one run, the ``caller`` and ``baselines`` parts
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
 against periodic export), ``bench_memory.py`` (RSS through 10^6 calls against a
 stalled receiver), ``bench_sizes.py`` (caller latency and queue memory of the tee's key
-filter against a whole copy, for dicts of 68, 2,000 and 100,000 keys),
+filter, shipped at every size, against a whole copy, for dicts of 68, 2,000 and 100,000
+keys),
 ``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
 and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps the
 telemetry threads make in a pure-Python training thread through the GIL, off against
@@ -193,35 +194,21 @@ def memory_targets(memory: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def sizes_targets(sizes: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Where filtering a large dict beats copying it (reported, no limit)."""
+    """The key filter (shipped at every size) against a whole copy, per size (reported)."""
     latency = sizes.get("latency")
     if not latency:
         return []
+    memory = sizes.get("memory", {}).get("sizes", {})
     rows = []
-    for size, entry in latency["sizes"].items():
-        if not entry["filter_applies"]:
-            continue
-        memory = sizes["memory"]["sizes"][size]
-        rows.append(
-            (
-                f"key filter against whole copy, {int(size):,} keys",
-                f"filtered: p50 x{entry['whole_over_filtered']['p50']:.1f} lower, p99 "
-                f"x{entry['whole_over_filtered']['p99']:.1f}; full queue "
-                f"{memory['filtered']['traced_queue_mib']:.2f} MiB against "
-                f"{memory['whole']['traced_queue_mib']:.0f} MiB",
-                "reported",
+    for size, entry in latency.get("sizes", {}).items():
+        x = entry["whole_over_filtered"]
+        figures = f"whole/filtered p50 x{x['p50']:.2f}, p99 x{x['p99']:.2f}"
+        if size in memory:
+            figures += (
+                f"; full queue {memory[size]['filtered']['traced_queue_mib']:.2f} MiB filtered "
+                f"against {memory[size]['whole']['traced_queue_mib']:.2f} MiB whole"
             )
-        )
-    estimate = latency["crossover_estimate"]
-    found = estimate["keys"]
-    rows.append(
-        (
-            "copy/filter crossover (caller p50)",
-            f"{'~' + format(found, ',') + ' keys' if found is not None else estimate['note']} "
-            f"(FILTER_ABOVE {estimate['shipped_filter_above']})",
-            "reported",
-        )
-    )
+        rows.append((f"key filter against whole copy, {int(size):,} keys", figures, "reported"))
     return rows
 
 
