@@ -19,6 +19,7 @@ once, and the exporting thread survives any exception an export or a callback ra
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -35,6 +36,43 @@ from async_tee._reporting import logger, warn_once
 
 if TYPE_CHECKING:
     from async_tee._delivery import ExportCounts
+
+FAILING_AFTER = 3
+"""Consecutive failed exports after which an exporter's state is ``failing``: it says so
+once, ``is_exporting`` turns False, and the next delivered export turns it back."""
+
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+)
+"""Where the SDK's OTLP exporters say why an export failed (their return value does not)."""
+
+
+class _LastError(logging.Filter):
+    """Keeps the last warning an OTLP exporter logged: why its last export failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            with contextlib.suppress(Exception):
+                self.text = record.getMessage()[:300]
+        return True
+
+
+def fix_for(error: str) -> str:
+    """The variable that most likely fixes an export that failed with ``error``."""
+    text = error.lower()
+    if "ssl" in text or "certificate" in text or "tls" in text:
+        return "OTEL_EXPORTER_OTLP_CERTIFICATE (or the endpoint's scheme, http:// or https://)"
+    if any(word in text for word in ("401", "403", "unauthenticated", "permission_denied")):
+        return "OTEL_EXPORTER_OTLP_HEADERS (the collector's credentials)"
+    if any(word in text for word in ("timed out", "timeout", "deadline_exceeded")):
+        return "OTEL_EXPORTER_OTLP_TIMEOUT, or the collector's load"
+    return "OTEL_EXPORTER_OTLP_ENDPOINT (is the collector up at that address?)"
+
 
 CANCEL_MARGIN_S = 0.5
 """At most this much of a shutdown's budget (and at most a tenth) is kept to cancel an
@@ -81,6 +119,7 @@ class ExportingReader(MetricReader):
         timeout_s: float,
         counts: ExportCounts,
         step_aligned: bool,
+        name: str = "otlp",
     ) -> None:
         """Start the exporting thread (named ``async-tee-export``)."""
         super().__init__(
@@ -98,6 +137,13 @@ class ExportingReader(MetricReader):
         self._last_was_step = False  # that export was a step's: the period waits its grace
         self._stopped = False
         self._abandoned = False  # shutdown's deadline passed with the thread still exporting
+        self.name = name
+        self.failures = 0  # consecutive failed exports
+        self.failing = False  # FAILING_AFTER of them in a row, and none delivered since
+        self._session = getattr(exporter, "async_tee_session", None)  # OTLP/HTTP's own
+        self._last_error = _LastError()
+        for logger_name in _EXPORTER_LOGGERS:
+            logging.getLogger(logger_name).addFilter(self._last_error)
         self._init_thread()
         if hasattr(os, "register_at_fork"):  # weakly: a finished session's reader can go
             after_fork = weakref.WeakMethod(self._after_fork_in_child)
@@ -180,8 +226,15 @@ class ExportingReader(MetricReader):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queued and not self._stopping:
-                    wait = self.period_due() - time.monotonic()
+                while not self._stopping:
+                    now = time.monotonic()
+                    hold = self.not_before() - now  # the collector asked for quiet until then
+                    if hold > 0:
+                        self._cond.wait(hold)  # newer steps replace the one waiting meanwhile
+                        continue
+                    if self._queued:
+                        break
+                    wait = self.period_due() - now
                     if wait <= 0:
                         break
                     self._cond.wait(wait)
@@ -203,9 +256,52 @@ class ExportingReader(MetricReader):
                 return
             queued_at_stop = list(self._queued)
             self._queued.clear()
+            if self.not_before() > time.monotonic():  # asked for quiet: the last state alone
+                self.replaced += sum(trigger == "step" for _, trigger, _ in queued_at_stop)
+                queued_at_stop = []
         for queued in queued_at_stop:
             self._send(*queued)
         self._collect_here("shutdown")
+
+    def not_before(self) -> float:
+        """When (monotonic) the collector's last ``Retry-After`` ends; 0.0 for none."""
+        session = self._session
+        return 0.0 if session is None else float(session.not_before)
+
+    @property
+    def last_error(self) -> str:
+        """Why the last export failed, as the exporter said it; empty when it succeeded."""
+        if self.failures == 0:
+            return ""
+        session = self._session
+        return (session.last_error if session is not None else "") or self._last_error.text
+
+    def _note_result(self, ok: bool) -> None:
+        """Count a failure in a row; say once when the exporter is failing, and when not."""
+        if ok:
+            self.failures = 0
+            if self.failing:
+                self.failing = False
+                warn_once(
+                    f"export:recovered:{self.name}",
+                    "async_tee: %s exports are delivered again",
+                    self.name,
+                    traceback=False,
+                )
+            return
+        self.failures += 1
+        if self.failures >= FAILING_AFTER and not self.failing:
+            self.failing = True
+            error = self.last_error or "no reason given"
+            warn_once(
+                f"export:failing:{self.name}",
+                "async_tee: %d %s exports in a row failed, none delivered (%s); check %s",
+                self.failures,
+                self.name,
+                error,
+                fix_for(error),
+                traceback=False,
+            )
 
     def period_due(self) -> float:
         """When (monotonic) the periodic export is due, if no other export comes first."""
@@ -240,6 +336,7 @@ class ExportingReader(MetricReader):
             warn_once("export:raised", "async_tee: the metric exporter raised")
             ok = False
         self.counts.add(trigger, ok)
+        self._note_result(ok)
         if not ok:
             logger.debug("async_tee: a %s export failed", trigger)
         if seq:
@@ -285,9 +382,13 @@ class ExportingReader(MetricReader):
         self.thread.join(max(0.0, deadline - min(CANCEL_MARGIN_S, budget / 10) - time.monotonic()))
         with self._cond:
             self._abandoned = self.thread.is_alive()
+        if self._abandoned and self._session is not None:
+            self._session.abort()  # OTLP/HTTP: its blocked request ends with its socket
         remaining_ms = max(0.0, deadline - time.monotonic()) * 1000.0
         try:
             self._exporter.shutdown(timeout_millis=remaining_ms)
         except Exception:  # noqa: BLE001 - shutdown must not raise
             warn_once("export:shutdown", "async_tee: shutting down the metric exporter failed")
         self.thread.join(max(0.0, deadline - time.monotonic()))
+        for logger_name in _EXPORTER_LOGGERS:
+            logging.getLogger(logger_name).removeFilter(self._last_error)

@@ -133,18 +133,32 @@ def _otlp_exporter(settings: Settings) -> Any:
             headers=headers,
             timeout=settings.otlp_timeout_s,
             compression=getattr(grpc.Compression, _GRPC_COMPRESSION[settings.otlp_compression]),
+            # The channel's own subchannels, closed with it (from the process-wide pool they
+            # outlive it), each connection attempt bounded by the export timeout: a closed
+            # channel's connection still in its handshake with a silent peer lives until
+            # that attempt's deadline (gRPC's default: 20 s).
+            channel_options=(
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.min_reconnect_backoff_ms", max(1, int(settings.otlp_timeout_s * 1000))),
+            ),
         )
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HTTPMetricExporter,
     )
 
-    return HTTPMetricExporter(
+    from async_tee._http_session import ExporterSession
+
+    session = ExporterSession()  # abortable, pinned to its certificate, honours Retry-After
+    exporter = HTTPMetricExporter(
         endpoint=settings.otlp_endpoint,
         headers=headers,
         timeout=settings.otlp_timeout_s,
         compression=Compression(settings.otlp_compression),
+        session=session,
     )
+    exporter.async_tee_session = session  # type: ignore[attr-defined]  # the reader's handle
+    return exporter
 
 
 def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterState]:

@@ -393,13 +393,33 @@ class Pipeline:
     def is_exporting(self) -> bool:
         """Whether the tee is live and has somewhere to export.
 
-        False after shutdown, when the worker died, and when every exporter asked for
-        failed to start (the tee still records then, so ``stats()`` counts on; nothing
-        leaves the process).
+        False after shutdown, when the worker died, when every exporter asked for failed
+        to start, and while every one that started is failing (``FAILING_AFTER`` exports
+        in a row failed): the tee still records then, so ``stats()`` counts on, but
+        nothing leaves the process.
         """
         live = _caller.attached() is self.queue
         exporters = self.exporters
-        return live and (not exporters or any(state.started for state in exporters))
+        failing = self._failing()
+        return live and (
+            not exporters or any(state.started and state.name not in failing for state in exporters)
+        )
+
+    def _exporter_states(self) -> dict[str, dict[str, str]]:
+        """``stats()["exporters"]``: each one's state, ``failing`` with its last error."""
+        states = {state.name: state.as_dict() for state in self.exporters}
+        for name, error in self._failing().items():
+            if name in states:
+                states[name] = {**states[name], "state": "failing", "error": error}
+        return states
+
+    def _failing(self) -> dict[str, str]:
+        """The exporters whose last exports all failed, with why the last one did."""
+        return {
+            reader.name: reader.last_error or "no reason given"
+            for reader in self._built.push_readers
+            if reader.failing
+        }
 
     @property
     def exporters(self) -> Sequence[ExporterState]:
@@ -497,7 +517,7 @@ class Pipeline:
             "exports_by_trigger": self.export_counts.snapshot(),
             "steps": self.steps.stats(),
             "exporting": self.is_exporting,
-            "exporters": {state.name: state.as_dict() for state in self.exporters},
+            "exporters": self._exporter_states(),
             "ranks": _ranks(self.settings),
             "worker_died": int(worker.died),
             "export_thread_died": int(self._export_thread_died()),

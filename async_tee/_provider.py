@@ -89,6 +89,7 @@ def _readers(
                 timeout_s=settings.export_timeout_ms / 1000.0,
                 counts=counts,
                 step_aligned=kind.step_export and settings.step_export,
+                name=name,
             )
         exporters.append(state)
         if reader is not None:

@@ -89,6 +89,8 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "COUNTED_STEPS": (_constant("COUNTED_STEPS", "async_tee._recorder"), None),
     "SLICE_S": (_constant("SLICE_S", "async_tee._gil"), "s"),
     "MAIN_GRACE_S": (_constant("MAIN_GRACE_S", "async_tee._signals"), "s"),
+    "FAILING_AFTER": (_constant("FAILING_AFTER", "async_tee._export"), None),
+    "MAX_RETRY_AFTER_S": (_constant("MAX_RETRY_AFTER_S", "async_tee._http_session"), "s"),
     "HANDOVER_S": (_constant("HANDOVER_S", "async_tee._gil"), "s"),
     "METRICS_PER_SLICE": (_constant("METRICS_PER_SLICE", "async_tee._encode"), None),
     "CANCEL_MARGIN_S": (_constant("CANCEL_MARGIN_S", "async_tee._export"), "s"),

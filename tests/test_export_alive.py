@@ -99,3 +99,127 @@ def test_timed_out_shutdowns_leave_no_file_descriptors_behind(sink):
         cycles.append(fds())
     sink.unstall()
     assert cycles[-1] - cycles[1] <= 2, cycles  # flat after the first cycle's lazy setup
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("collector", ["stalled", "black hole"])
+def test_timed_out_shutdowns_give_back_every_thread_and_socket(sink, protocol, collector):
+    import socket
+
+    with socket.socket() as hole:  # accepts connections into its backlog, never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        if collector == "stalled":
+            sink.stall()
+            endpoint = sink.grpc_endpoint if protocol == "grpc" else sink.http_endpoint
+        else:
+            endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        environ = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "2",  # longer than the shutdown's budget
+        }
+        baseline = None
+        for cycle in range(8):
+            async_tee.start_telemetry(environ=environ)
+            async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, step_finished=True)
+            assert async_tee.flush(5)
+            assert async_tee.shutdown_telemetry(1.0) is False  # the export is still in flight
+            for thread in _export_threads():
+                thread.join(1.0)
+            assert _export_threads() == [], cycle  # the exporting thread ended with it
+            if cycle == 0:
+                baseline = _fds()  # after the first cycle's lazy set-up
+        sink.unstall()  # the receiver's side of stalled requests closes too
+        assert baseline is not None
+        deadline = time.monotonic() + 2.0 + 3.0  # the export timeout bounds a handshake
+        while _fds() > baseline and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the kernel's fd table: nothing to flush
+        assert _fds() <= baseline
+
+
+def _steps(session: Any, first: int, count: int) -> None:
+    """Tee steps, each recorded and exported (its step export, then a flush export) in turn."""
+    for step in range(first, first + count):
+        async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step, True)
+        assert async_tee.flush(5)
+        session.flush_and_export(5)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and text in r.getMessage()
+    ]
+
+
+def test_a_failing_exporter_says_so_once_and_is_not_called_exporting(sink, caplog):
+    port = sink.http_endpoint.split(":")[-1].split("/")[0]
+    session = async_tee.start_telemetry(
+        environ={  # TLS to a plain-HTTP receiver: every handshake fails, as a wrong cert does
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"https://127.0.0.1:{port}/v1/metrics",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"https://127.0.0.1:{port}/v1/metrics",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+        }
+    )
+    _steps(session, 1, 2)
+    stats = async_tee.stats()
+    assert stats["exporters"]["otlp"]["state"] == "failing"
+    assert "SSL" in stats["exporters"]["otlp"]["error"]
+    assert stats["exporting"] is False
+    assert not session.is_exporting
+    (warning,) = _warnings(caplog, "in a row failed")
+    assert "OTEL_EXPORTER_OTLP_CERTIFICATE" in warning
+    assert async_tee.shutdown_telemetry(3) is False
+
+
+def test_a_failing_exporter_that_recovers_says_so_once(sink, caplog):
+    session = async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+        }
+    )
+    sink.fail(401)  # credentials the collector refuses
+    _steps(session, 1, 2)
+    assert async_tee.stats()["exporters"]["otlp"]["state"] == "failing"
+    assert "401" in async_tee.stats()["exporters"]["otlp"]["error"]
+    (warning,) = _warnings(caplog, "in a row failed")
+    assert "OTEL_EXPORTER_OTLP_HEADERS" in warning
+    sink.fail(None)
+    _steps(session, 3, 1)
+    assert async_tee.stats()["exporters"]["otlp"]["state"] == "started"
+    assert session.is_exporting
+    assert len(_warnings(caplog, "delivered again")) == 1
+    assert async_tee.shutdown_telemetry(5)
+
+
+def test_retry_after_holds_exports_until_it_ends_and_the_newest_step_goes_first(sink, caplog):
+    async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+        }
+    )
+    sink.fail(429, retry_after="120")
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, True)
+    assert async_tee.flush(5)
+    assert sink.wait_for(lambda s: s.requests["http"] >= 1, 10)
+    for step in range(2, 13):  # one step export each, were Retry-After forgotten
+        async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step, True)
+        assert async_tee.flush(5)
+    assert sink.requests["http"] == 1  # the collector asked for 120 s of quiet: it got it
+    assert len(_warnings(caplog, "Retry-After")) == 1
+    assert async_tee.shutdown_telemetry(3) is False  # refused, so not delivered...
+    assert sink.requests["http"] == 2  # ...but the last state was offered once at the end
+    assert async_tee.stats()["steps"]["coalesced"] >= 10  # the held steps, counted

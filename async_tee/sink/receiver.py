@@ -159,6 +159,9 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: bytes = b"") -> None:
         self.send_response(status)
+        retry_after = self.server.sink._fail_retry_after
+        if status >= 400 and retry_after is not None:
+            self.send_header("Retry-After", retry_after)
         self.send_header("Content-Type", _PROTOBUF_CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
@@ -303,6 +306,7 @@ class OtlpSink:
         self._release = threading.Event()
         self._release.set()
         self._fail_status: int | None = None
+        self._fail_retry_after: str | None = None
         self._started = False
         self._closed = False
 
@@ -481,13 +485,15 @@ class OtlpSink:
         """Release stalled exports and stop stalling new ones."""
         self._release.set()
 
-    def fail(self, status: int | None) -> None:
+    def fail(self, status: int | None, retry_after: str | None = None) -> None:
         """Make exports fail until ``fail(None)``.
 
-        HTTP answers ``status``; gRPC aborts with ``UNAVAILABLE``.
+        HTTP answers ``status`` (with a ``Retry-After: <retry_after>`` header if given);
+        gRPC aborts with ``UNAVAILABLE``.
 
         Args:
             status: HTTP status code in the 4xx/5xx range, or None to answer normally again.
+            retry_after: The ``Retry-After`` value HTTP answers carry, or None for none.
 
         Raises:
             ValueError: If ``status`` is not an HTTP error status.
@@ -496,6 +502,7 @@ class OtlpSink:
             raise ValueError(f"status must be a 4xx/5xx HTTP status, got {status}")
         with self._cond:
             self._fail_status = status
+            self._fail_retry_after = None if status is None else retry_after
 
     def _handle_export(
         self, protocol: str, request: ExportMetricsServiceRequest, size: int, encoding: str

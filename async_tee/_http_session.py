@@ -1,0 +1,160 @@
+"""The OTLP/HTTP exporter's ``requests`` session: abortable, pinned to its certificate, polite.
+
+The SDK's OTLP/HTTP exporter sends through a ``requests.Session``; async_tee hands it this
+one (imported only when that exporter is built), which adds three things the plain session
+lacks (docs/semantics.md §7):
+
+- **Abortable.** Every connection it opens is tracked; :meth:`ExporterSession.abort` shuts
+  their sockets down, which ends a request blocked on a stalled collector at once. A
+  timed-out shutdown calls it, so the exporting thread and its socket end with the session
+  instead of waiting out the exporter's timeout (the session's own ``close`` only closes
+  idle connections, never the one a request holds).
+- **Pinned to its certificate.** ``requests`` lets ``REQUESTS_CA_BUNDLE`` (or
+  ``CURL_CA_BUNDLE``) replace a session's ``verify`` on every request; with a certificate
+  configured (``OTEL_EXPORTER_OTLP_[METRICS_]CERTIFICATE``, which the exporter makes the
+  session's ``verify``) this session keeps it.
+- **Polite.** A ``429`` or ``503`` answer with ``Retry-After`` is remembered:
+  :attr:`ExporterSession.not_before` says until when (at most ``MAX_RETRY_AFTER_S`` ahead),
+  and the exporting thread holds its exports until then (one warning says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import weakref
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from async_tee._reporting import warn_once
+
+MAX_RETRY_AFTER_S = 600.0
+"""The longest ``Retry-After`` honoured: a collector asking for more is asked again then."""
+
+_RETRY_STATUSES = (429, 503)
+
+
+class _TrackingAdapter(HTTPAdapter):
+    """An adapter whose pools record every connection they open (weakly)."""
+
+    def __init__(self) -> None:
+        self.connections: weakref.WeakSet[HTTPConnection] = weakref.WeakSet()
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        opened = self.connections
+
+        class Tracked(HTTPConnection):
+            def connect(self) -> None:
+                opened.add(self)
+                super().connect()
+
+        class TrackedTLS(HTTPSConnection):
+            def connect(self) -> None:
+                opened.add(self)
+                super().connect()
+
+        class Pool(HTTPConnectionPool):
+            ConnectionCls = Tracked
+
+        class PoolTLS(HTTPSConnectionPool):
+            ConnectionCls = TrackedTLS
+
+        self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": PoolTLS}
+
+
+class ExporterSession(requests.Session):
+    """The session the OTLP/HTTP exporter sends through (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._adapter = _TrackingAdapter()
+        self.mount("http://", self._adapter)
+        self.mount("https://", self._adapter)
+        self.not_before = 0.0  # monotonic: no export before this (a Retry-After)
+        self.last_error = ""  # the last failed request's status or exception, redactable
+        self.aborted = False  # abort() ran: every request fails at once
+        self._lock = threading.Lock()
+        self.hooks["response"].append(self._on_response)
+
+    def merge_environment_settings(
+        self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> dict[str, Any]:
+        merged: dict[str, Any] = super().merge_environment_settings(
+            url, proxies, stream, verify, cert
+        )
+        if verify is None and isinstance(self.verify, str):  # a certificate configured
+            merged["verify"] = self.verify  # REQUESTS_CA_BUNDLE must not replace it
+        return merged
+
+    def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.aborted:  # the exporter retries a connection error at once: not any more
+            raise requests.exceptions.ConnectionError("the session was aborted at shutdown")
+        try:
+            return super().request(method, url, *args, **kwargs)
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _on_response(self, response: requests.Response, *_: Any, **__: Any) -> None:
+        if response.status_code < 400:
+            self.last_error = ""
+            return
+        self.last_error = f"HTTP {response.status_code} {response.reason}"
+        if response.status_code not in _RETRY_STATUSES:
+            return
+        wait = retry_after_s(response.headers.get("Retry-After"))
+        if wait is None:
+            return
+        with self._lock:
+            self.not_before = max(self.not_before, time.monotonic() + wait)
+        warn_once(
+            "export:retry-after",
+            "async_tee: the collector answered %d with Retry-After %.0f s: exports wait until "
+            "then (the newest step goes first), and every later such answer is honoured",
+            response.status_code,
+            wait,
+            traceback=False,
+        )
+
+    def abort(self) -> None:
+        """Shut down every open connection's socket: a blocked request ends now. Never raises.
+
+        Every request after it fails at once (the exporter would otherwise retry on a new
+        connection, and block again).
+        """
+        self.aborted = True
+        for connection in list(self._adapter.connections):
+            sock = getattr(connection, "sock", None)
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - aborting must not raise at shutdown
+            warn_once("export:abort", "async_tee: closing the OTLP/HTTP session failed")
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` value asks for (delta-seconds or an HTTP date), capped."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
