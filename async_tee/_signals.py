@@ -43,6 +43,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -74,8 +75,12 @@ class SignalFlush:
         self.previous: dict[int, Any] = {}
         self._handling = False
         self._responding = threading.Lock()  # one response at a time, main or signal thread
-        self._main_entered = threading.Event()  # the main thread's handler has started
-        self._answered = False  # the signal thread responded; the main handler need not
+        # Deliveries, counted on both sides: the wake-up fd carries one byte per delivery,
+        # the main thread runs the handler once per delivery (when it comes back).
+        self._counted = threading.Condition()
+        self._main_calls = 0  # handler calls the main thread has started
+        self._bytes_read = 0  # deliveries of a handled signal the signal thread has read
+        self._answered_upto = 0  # deliveries the signal thread responded to in its place
         self._pipe: tuple[int, int] | None = None  # (read, write) of the wake-up fd's pipe
         self._thread: threading.Thread | None = None
         self._displaced: set[int] = set()  # signals whose handler is no longer ours, warned
@@ -212,17 +217,23 @@ class SignalFlush:
             for signum in data:
                 if signum not in self.previous or signal.getsignal(signum) != self._handle:
                     continue  # a signal of someone else's handler (or ours replaced)
-                if self._main_entered.wait(MAIN_GRACE_S):
-                    continue  # the main thread runs the handler itself
+                with self._counted:
+                    self._bytes_read += 1
+                    delivery = self._bytes_read
+                    if self._counted.wait_for(partial(self._main_reached, delivery), MAIN_GRACE_S):
+                        continue  # the main thread runs the handler itself
+                    self._answered_upto = delivery  # its handler, when it runs, need not
                 chained = callable(self.previous.get(signum))
                 try:
                     with self._responding:
-                        self._answered = True
                         self._respond(signum, chained, "the signal thread")
                     if not chained:
                         _die_of(signum)
                 except Exception:  # noqa: BLE001 - this thread must not die of a response
                     warn_once("signal:thread", "async_tee: responding to a signal failed")
+
+    def _main_reached(self, delivery: int) -> bool:
+        return self._main_calls >= delivery
 
     def _respond(self, signum: int, chained: bool, where: str) -> None:
         """Drain and export (shut down, for the default disposition). Never raises."""
@@ -238,19 +249,20 @@ class SignalFlush:
         chained = callable(previous)
         if not self._handling:  # a second signal during the flush goes straight through
             self._handling = True
-            self._main_entered.set()
+            with self._counted:
+                self._main_calls += 1
+                answered = self._main_calls <= self._answered_upto
+                self._counted.notify_all()
             try:
                 # The signal thread may be responding already: wait for it (bounded).
                 if self._responding.acquire(timeout=self._timeout_s + 1.0):
                     try:
-                        if not self._answered:
+                        if not answered:
                             self._respond(signum, chained, "the main thread")
-                        self._answered = False
                     finally:
                         self._responding.release()
             finally:
                 self._handling = False
-                self._main_entered.clear()
         if chained:
             previous(signum, frame)
             return
