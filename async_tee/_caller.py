@@ -84,9 +84,9 @@ def tee_rl_metrics_to_otel(
     dicts after logging them) to the keys the worker reads from it, or whole up to a bound
     where a family reads every key, so what a queued dict keeps alive is bounded by what
     is teed, and puts the copy with a monotonic timestamp on the bounded drop-oldest
-    queue: no mapping, no
-    OTel call, no lock shared with the worker, no wake-up unless a burst is about to
-    overflow the queue. Safe from any thread and from inside a running event loop.
+    queue: no mapping, no OTel call, no lock shared with the worker, no wake-up unless a
+    burst is about to overflow the queue. Safe from any thread and from inside a running
+    event loop.
 
     Args:
         metrics: The dict handed to ``Logger.log_metrics``.
@@ -121,7 +121,7 @@ def tee_rl_metrics_to_otel(
             try:
                 snapshot = {key: metrics[key] for key in keys if key in metrics}
             except Exception:
-                if type(metrics) is not dict:
+                if not isinstance(metrics, dict):
                     raise  # a mapping that fails to be read: a failed snapshot
                 snapshot = _careful_snapshot(metrics, keys)  # a key whose __eq__ raises
         queue.put((snapshot, prefix or "", step, step_finished, monotonic_ns()))

@@ -216,10 +216,14 @@ class Pipeline:
             min_interval_s=settings.min_export_interval_s,
             export_interval_s=settings.export_interval_ms / 1000.0,
         )
-        if meter_provider is None:
-            built = build_meter_provider(settings, policy, counts)
-        else:
-            built = BuiltProvider.adopted(meter_provider)
+        try:
+            if meter_provider is None:
+                built = build_meter_provider(settings, policy, counts)
+            else:
+                built = BuiltProvider.adopted(meter_provider)
+        except BaseException:
+            stop_redacting(redactor)
+            raise
         try:
             session = cls(settings, built, counts, policy)
             if not session.worker.start():
