@@ -580,6 +580,7 @@ class Pipeline:
         self.export_counts.reset()
         self._snapshot = None
         self.steps = self._new_step_clock()
+        self._signals.after_fork_in_child()
         try:
             self.queue, self.worker = self._new_worker()
             return self.worker.start()

@@ -130,6 +130,28 @@ class SignalFlush:
                         os.close(fd)
             self._thread = None
 
+    def after_fork_in_child(self) -> None:
+        """Re-make the signal thread in a forked child (``fork`` keeps only the forking thread).
+
+        The child inherits the wake-up fd, pointing at the parent's pipe, which nobody in
+        the child reads: it gets a pipe and a thread of its own. Never raises.
+        """
+        self._responding = threading.Lock()  # the parent's thread may have held them
+        self._counted = threading.Condition()
+        self._main_calls = self._bytes_read = self._answered_upto = 0
+        pipe = self._pipe
+        if pipe is None:
+            return
+        self._pipe = self._thread = None
+        try:
+            if threading.current_thread() is threading.main_thread():
+                signal.set_wakeup_fd(-1)
+                for fd in pipe:
+                    os.close(fd)
+                self._watch()
+        except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
+            logger.debug("async_tee: no signal thread in the forked child")
+
     def check(self) -> None:
         """Notice a handler installed over ours (the worker, at a completed step). Never raises.
 

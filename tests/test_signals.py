@@ -268,3 +268,60 @@ def test_a_chained_signal_flushes_and_exports_and_the_session_goes_on(sink):
         assert async_tee.shutdown_telemetry(10)
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+FORKED = """
+import hashlib, os, signal, sys, threading, time
+import async_tee
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+provider = MeterProvider(metric_readers=[InMemoryMetricReader()], shutdown_on_exit=False)
+async_tee.start_telemetry(provider)
+pid = os.fork()
+if pid == 0:  # the child: its own signal thread, then stuck in one C call
+    names = {t.name for t in threading.enumerate()}
+    print("child threads", "async-tee-signals" in names, flush=True)
+    started = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"k", b"salt", 100_000)
+    per_round = (time.perf_counter() - started) / 100_000
+    print("child ready", flush=True)
+    hashlib.pbkdf2_hmac("sha256", b"k", b"salt", int(10.0 / per_round))
+    os._exit(0)
+print("child", pid, flush=True)
+for line in sys.stdin:
+    break  # the test has signalled the child
+_, status = os.waitpid(pid, 0)
+print("child died of", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_forked_child_stuck_in_c_still_dies_of_sigterm_promptly():
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(FORKED)],
+        env={**os.environ, "OTEL_METRICS_EXPORTER": "none", "ASYNC_TEE_SHUTDOWN_TIMEOUT": "2"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as parent:
+        assert parent.stdin is not None
+        assert parent.stdout is not None
+        lines, child = [], 0
+        for line in parent.stdout:
+            lines.append(line.strip())
+            if line.startswith("child ") and line.split()[1].isdigit():
+                child = int(line.split()[1])
+            if line.strip() == "child ready":
+                break
+        time.sleep(0.5)  # well inside the C call
+        started = time.monotonic()
+        os.kill(child, signal.SIGTERM)
+        parent.stdin.write("go\n")
+        parent.stdin.close()
+        lines += [line.strip() for line in parent.stdout]
+        took = time.monotonic() - started
+        assert parent.wait(timeout=30) == 0
+    assert "child threads True" in lines
+    assert f"child died of {int(signal.SIGTERM)}" in lines
+    assert took < 2.0 + 1.0
