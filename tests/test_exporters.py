@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import sys
 import urllib.request
 from collections.abc import Iterator
 
@@ -276,3 +277,33 @@ def test_endpoint_credentials_and_header_values_appear_nowhere(protocol, caplog)
     for secret in ("PASSWORD42", "TOKEN42", "alice"):
         assert not [text for text in shown if secret in text], secret
     assert any("***@127.0.0.1" in text for text in shown)  # the endpoint, redacted
+
+
+def test_a_traceback_is_redacted_too():
+    from async_tee._reporting import RedactSecrets
+
+    try:
+        raise ConnectionError("POST http://alice:PASSWORD42@collector:4318 refused")
+    except ConnectionError:
+        record = logging.LogRecord("x", logging.WARNING, __file__, 1, "failed", (), sys.exc_info())
+    RedactSecrets(("alice:PASSWORD42",)).filter(record)
+    assert record.exc_text is not None
+    assert "PASSWORD42" not in record.exc_text
+    assert "***@collector" in record.exc_text
+
+
+@pytest.mark.parametrize(
+    ("error", "variable"),
+    [
+        ("SSLError: [SSL: WRONG_VERSION_NUMBER] wrong version number", "_CERTIFICATE"),
+        ("HTTP 401 Unauthorized", "_HEADERS"),
+        ("Failed to export metrics, error code: StatusCode.UNAUTHENTICATED", "_HEADERS"),
+        ("ReadTimeout: read timed out", "_TIMEOUT"),
+        ("ConnectionError: [Errno 111] Connection refused", "_ENDPOINT"),
+        ("", "_ENDPOINT"),
+    ],
+)
+def test_a_failing_export_names_the_variable_most_likely_to_fix_it(error, variable):
+    from async_tee._export import fix_for
+
+    assert fix_for(error).startswith(f"OTEL_EXPORTER_OTLP{variable}")

@@ -425,3 +425,15 @@ def test_dicts_pending_behind_a_stuck_worker_are_booked_as_dropped_at_shutdown(p
     assert after["enqueued"] == 101
     assert _identity_holds(after)
     assert after["pending"] == 0
+
+
+def test_a_dict_read_whole_keeps_at_most_the_attribute_set_bound_and_counts_the_rest(
+    provider, reader
+):
+    setup = {f"phase_{i}_time_s": float(i) for i in range(600)}
+    async_tee.start_telemetry(provider)  # ASYNC_TEE_MAX_ATTRIBUTE_SETS: 512
+    async_tee.tee_rl_metrics_to_otel(setup, "timing/setup", 0)
+    assert async_tee.flush(10)
+    phases = {dict(attrs)["rl.setup.phase"] for name, attrs in collect(reader)}
+    assert len(phases) == 512
+    assert async_tee.stats()["values_skipped"]["left_out"] == 600 - 512

@@ -325,3 +325,33 @@ def test_a_forked_child_stuck_in_c_still_dies_of_sigterm_promptly():
     assert "child threads True" in lines
     assert f"child died of {int(signal.SIGTERM)}" in lines
     assert took < 2.0 + 1.0
+
+
+def test_the_signal_thread_flushes_while_the_main_thread_is_inside_a_c_call(sink):
+    import hashlib
+    import threading
+
+    flushed_in_handler = []
+
+    def app_handler(signum, frame):
+        flushed_in_handler.append(async_tee.stats()["exports_by_trigger"]["flush"]["success"])
+
+    previous = signal.signal(signal.SIGUSR1, app_handler)
+    try:
+        async_tee.start_telemetry(environ=_sink_environ(sink, ASYNC_TEE_FLUSH_SIGNALS="USR1"))
+        async_tee.tee_rl_metrics_to_otel({"reward": 5.0}, "train", 1)
+        assert async_tee.flush(5)
+        started = time.perf_counter()
+        hashlib.pbkdf2_hmac("sha256", b"k", b"salt", 20_000)
+        rounds = int(1.0 / ((time.perf_counter() - started) / 20_000))  # about 1 s in C
+        sender = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1))
+        sender.start()
+        hashlib.pbkdf2_hmac("sha256", b"k", b"salt", rounds)  # the main thread: in C, GIL free
+        exported_during_the_call = _last(sink, "rl.reward.mean")
+        sender.join()
+        # Python runs the handler on the main thread once the call returned, here:
+        assert exported_during_the_call == 5.0  # the signal thread drained and exported
+        assert flushed_in_handler == [1]  # theirs ran after, and the flush was not repeated
+        assert async_tee.shutdown_telemetry(10)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
