@@ -338,7 +338,7 @@ class RaisingKey(str):
     def __eq__(self, other: object) -> bool:
         raise RuntimeError("no comparing this key")
 
-    def endswith(self, *args: Any) -> bool:  # type: ignore[override]
+    def endswith(self, *args: Any) -> bool:
         raise RuntimeError("no suffixes either")
 
 

@@ -186,4 +186,4 @@ def test_resource_text_with_no_utf8_form_is_escaped():
     attributes = dict(load_settings(environ=environ).resource_attributes)
     assert attributes["team"] == "a\\udcffb"
     assert attributes["rl.run.id"] == "run\\udcff"
-    assert attributes["service.instance.id"].startswith("run\\udcff/")
+    assert str(attributes["service.instance.id"]).startswith("run\\udcff/")
