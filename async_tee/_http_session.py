@@ -100,8 +100,8 @@ class ExporterSession(requests.Session):
             raise requests.exceptions.ConnectionError("the session was aborted at shutdown")
         try:
             return super().request(method, url, *args, **kwargs)
-        except Exception as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+        except requests.exceptions.RequestException as exc:  # not the exporter's own misuse
+            self.last_error = f"{type(exc).__name__}: {exc}"  # (a retry with no time left)
             raise
 
     def _on_response(self, response: requests.Response, *_: Any, **__: Any) -> None:
