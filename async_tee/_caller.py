@@ -43,9 +43,11 @@ _NOT_TEED: Any = object()  # what _SNAPSHOT_KEYS.get returns for a prefix the se
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
-# For each prefix the running session reads, the keys a snapshot of its dicts keeps (None:
-# the whole dict, up to _WHOLE_UP_TO keys): written with _QUEUE, before it.
-_SNAPSHOT_KEYS: dict[str | None, tuple[str, ...] | None] = dict.fromkeys(BUILT_IN_PREFIXES)
+# For each prefix the running session reads, the keys a snapshot of its dicts keeps, as a
+# tuple and as a map from each key to itself (None: the whole dict, up to _WHOLE_UP_TO
+# keys): written with _QUEUE, before it.
+ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str]]"
+_SNAPSHOT_KEYS: dict[str | None, ReadKeys | None] = dict.fromkeys(BUILT_IN_PREFIXES)
 _WHOLE_UP_TO = 512
 
 
@@ -65,7 +67,10 @@ def attach(
             ``max_attribute_sets``: a key past it would be refused as one set too many).
     """
     global _QUEUE, _SNAPSHOT_KEYS, _WHOLE_UP_TO
-    _SNAPSHOT_KEYS = dict(snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES))
+    _SNAPSHOT_KEYS = {
+        prefix: None if keys is None else (keys, {key: key for key in keys})
+        for prefix, keys in (snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES)).items()
+    }
     _WHOLE_UP_TO = whole_up_to
     _QUEUE = queue
 
@@ -118,12 +123,20 @@ def tee_rl_metrics_to_otel(
                 snapshot = dict(islice(metrics.items(), _WHOLE_UP_TO))
                 snapshot[LEFT_OUT] = len(metrics) - _WHOLE_UP_TO
         else:  # only the keys a row reads: nothing else the dict holds stays alive
+            read, canonical = keys
             try:
-                snapshot = {key: metrics[key] for key in keys if key in metrics}
+                if len(metrics) < len(read):  # walk the smaller: here the dict
+                    snapshot = {
+                        key: value
+                        for given, value in metrics.items()
+                        if (key := canonical.get(given)) is not None
+                    }
+                else:
+                    snapshot = {key: metrics[key] for key in read if key in metrics}
             except Exception:
                 if not isinstance(metrics, dict):
                     raise  # a mapping that fails to be read: a failed snapshot
-                snapshot = _careful_snapshot(metrics, keys)  # a key whose __eq__ raises
+                snapshot = _careful_snapshot(metrics, read)  # a key whose __eq__ raises
         queue.put((snapshot, prefix or "", step, step_finished, monotonic_ns()))
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1

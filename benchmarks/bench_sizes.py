@@ -156,7 +156,7 @@ def snapshot_rule(variant: str) -> Iterator[tuple[str, ...]]:
         keys[PREFIX] = None
         _caller._WHOLE_UP_TO = UNBOUNDED
     try:
-        yield shipped
+        yield shipped[0]
     finally:
         keys[PREFIX] = shipped
         _caller._WHOLE_UP_TO = whole_up_to
@@ -283,7 +283,7 @@ def item_bytes(d: dict[str, Any]) -> int:
     keys, whole_up_to = _caller._SNAPSHOT_KEYS[PREFIX], _caller._WHOLE_UP_TO
     snapshot: dict[Any, Any]
     if keys is not None:
-        snapshot = {key: d[key] for key in keys if key in d}
+        snapshot = {key: d[key] for key in keys[0] if key in d}
     elif len(d) <= whole_up_to:
         snapshot = dict(d)
     else:
