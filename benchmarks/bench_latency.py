@@ -25,8 +25,9 @@ an export, and against a stalled or black-holed receiver at least one export tim
 
 **The caller table.** Conditions: healthy receiver at trainer pace (one call per 2 ms,
 sleeping in between: the GIL is released as a trainer waiting on its GPU would) and back
-to back; a stalled receiver; a black-hole endpoint; a 64-slot queue saturated back to
-back; a second Python thread spinning (GIL contention); calls from a coroutine inside
+to back; a stalled receiver (back to back and at trainer pace); a black-hole endpoint; a
+64-slot queue saturated back to back; a second Python thread spinning (GIL contention);
+calls from a coroutine inside
 ``asyncio.run`` (which awaits ``asyncio.sleep(0)`` after every 1,000 calls); and telemetry
 off (never started). Baselines, with the same dict and timer: the floor
 ``deque(maxlen=1024).append(dict(d))`` (back to back and at trainer pace: cold caches
@@ -409,6 +410,7 @@ CALLER_ROWS: tuple[Condition, ...] = (
     Condition("healthy_paced", "1 healthy, trainer pace", healthy, paced=True),
     HEALTHY_B2B,
     Condition("stalled", "3 stalled receiver", stalled),
+    Condition("stalled_paced", "3' stalled receiver, trainer pace", stalled, paced=True),
     Condition("black_hole", "4 black hole", into_black_hole),
     Condition("saturated", "5 saturated (queue 64)", saturated),
     Condition("gil", "6 GIL contention", gil_contention),
