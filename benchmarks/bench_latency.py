@@ -27,17 +27,16 @@ an export, and against a stalled or black-holed receiver at least one export tim
 sleeping in between: the GIL is released as a trainer waiting on its GPU would) and back
 to back; a stalled receiver (back to back and at trainer pace); a black-hole endpoint; a
 64-slot queue saturated back to back; a second Python thread spinning (GIL contention);
-calls from a coroutine inside
-``asyncio.run`` (which awaits ``asyncio.sleep(0)`` after every 1,000 calls); and telemetry
-off (never started). Baselines, with the same dict and timer: the floor
-``deque(maxlen=1024).append(dict(d))`` (back to back and at trainer pace: cold caches
-change it), the worker's own ``RLRecorder.tee`` called on the caller (inline: map and
-record synchronously), the seed's shape of it (map, then one SDK synchronous instrument
-call per value), and a janus 2.0 queue with a drop-oldest wrapper drained by an asyncio
-consumer thread (which does no work per item: the queue mechanism alone). Back to back,
-the caller produces far faster than the worker records, so the queue overflows in every
-back-to-back pipeline row, not only the saturated one; the ``dropped`` column counts it.
-The pipeline's CPU per dict is the process CPU time of a trainer-pace block with
+calls from a coroutine inside ``asyncio.run`` (which awaits ``asyncio.sleep(0)`` after
+every 1,000 calls); and telemetry off (never started). Baselines, with the same dict and
+timer: the floor ``deque(maxlen=1024).append(dict(d))`` (back to back and at trainer pace:
+cold caches change it), the worker's own ``RLRecorder.tee`` called on the caller (inline:
+map and record synchronously), the seed's shape of it (map, then one SDK synchronous
+instrument call per value), and a janus 2.0 queue with a drop-oldest wrapper drained by an
+asyncio consumer thread (which does no work per item: the queue mechanism alone). Back to
+back, the caller produces far faster than the worker records, so the queue overflows in
+every back-to-back pipeline row, not only the saturated one; the ``dropped`` column counts
+it. The pipeline's CPU per dict is the process CPU time of a trainer-pace block with
 telemetry on, minus the same loop with telemetry off, per call; the worker thread's own
 CPU time (``pthread_getcpuclockid``) is reported beside it.
 
