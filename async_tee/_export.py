@@ -71,7 +71,10 @@ def fix_for(error: str) -> str:
         return "OTEL_EXPORTER_OTLP_HEADERS (the collector's credentials)"
     if any(word in text for word in ("timed out", "timeout", "deadline_exceeded")):
         return "OTEL_EXPORTER_OTLP_TIMEOUT, or the collector's load"
-    return "OTEL_EXPORTER_OTLP_ENDPOINT (is the collector up at that address?)"
+    return (
+        "OTEL_EXPORTER_OTLP_ENDPOINT (is the collector up at that address, and answering "
+        "within OTEL_EXPORTER_OTLP_TIMEOUT?)"
+    )
 
 
 CANCEL_MARGIN_S = 0.5
@@ -292,7 +295,7 @@ class ExportingReader(MetricReader):
         self.failures += 1
         if self.failures >= FAILING_AFTER and not self.failing:
             self.failing = True
-            error = self.last_error or "no reason given"
+            error = self.last_error or "the exporter logged no reason: is its logger silenced?"
             warn_once(
                 f"export:failing:{self.name}",
                 "async_tee: %d %s exports in a row failed, none delivered (%s); check %s",

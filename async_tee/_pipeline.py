@@ -420,7 +420,7 @@ class Pipeline:
     def _failing(self) -> dict[str, str]:
         """The exporters whose last exports all failed, with why the last one did."""
         return {
-            reader.name: reader.last_error or "no reason given"
+            reader.name: reader.last_error or "the exporter logged no reason"
             for reader in self._built.push_readers
             if reader.failing
         }
