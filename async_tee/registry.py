@@ -21,11 +21,13 @@ See docs/semantics.md §4.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -302,8 +304,32 @@ class _RunningTotal(_LastValue):
         return True
 
 
+_SDK_DEFAULT_BUCKETS = (0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000)
+"""The SDK's explicit bucket boundaries for a histogram that names none."""
+
+
+class HistogramPoint:
+    """One attribute set's explicit-bucket histogram, as the SDK's cumulative aggregation."""
+
+    __slots__ = ("attributes", "counts", "max", "min", "start_ns", "sum")
+
+    def __init__(self, attributes: FrozenAttributes, buckets: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * (buckets + 1)
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.start_ns = time.time_ns()
+
+
 class _Histogram(_Series):
-    __slots__ = ("_instrument", "_seen", "limit")
+    """A histogram recorded into the SDK's instrument and into a table of its own.
+
+    The table (``points``, bucketed by ``bounds``) is what an export built from the tables
+    reads (``_table_encode``); the SDK's instrument serves every other reader.
+    """
+
+    __slots__ = ("_instrument", "_seen", "bounds", "limit", "points")
 
     def __init__(self, spec: MetricSpec, owner: InstrumentRegistry, meter: Meter) -> None:
         super().__init__(spec, owner)
@@ -315,6 +341,8 @@ class _Histogram(_Series):
         )
         self._seen: set[tuple[tuple[str, AttributeValue], ...]] = set()
         self.limit = owner.max_attribute_sets
+        self.bounds: tuple[float, ...] = tuple(spec.buckets or _SDK_DEFAULT_BUCKETS)
+        self.points: dict[tuple[tuple[str, AttributeValue], ...], HistogramPoint] = {}
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if attributes.key not in self._seen:
@@ -323,10 +351,28 @@ class _Histogram(_Series):
                 return
             self._seen.add(attributes.key)
         self._instrument.record(value, attributes.mapping)
+        point = self.points.get(attributes.key)
+        if point is None:
+            point = self.points[attributes.key] = HistogramPoint(attributes, len(self.bounds))
+        point.counts[bisect.bisect_left(self.bounds, value)] += 1
+        point.sum += value
+        point.min = min(point.min, value)
+        point.max = max(point.max, value)
 
 
 class _Observed(_Series):
     """An observable row whose owner supplies the callback; recording to it is an error."""
+
+    __slots__ = ("callback",)
+
+    def __init__(
+        self,
+        spec: MetricSpec,
+        owner: InstrumentRegistry,
+        callback: Callable[[CallbackOptions], Iterable[Observation]],
+    ) -> None:
+        super().__init__(spec, owner)
+        self.callback = callback  # the guarded callback the SDK's instrument calls too
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         self.owner.counts.rejected += 1
@@ -429,8 +475,9 @@ class InstrumentRegistry:
                 "observable_counter": meter.create_observable_counter,
                 "observable_up_down_counter": meter.create_observable_up_down_counter,
             }[kind]
-            create_observable(spec.name, callbacks=[self._guarded_callback(spec)], **common)
-            return _Observed(spec, self)
+            callback = self._guarded_callback(spec)
+            create_observable(spec.name, callbacks=[callback], **common)
+            return _Observed(spec, self, callback)
         series: _LastValue
         if kind == "gauge":
             series = _LastValue(spec, self, Observation)
