@@ -83,10 +83,25 @@ def _encode_part(
 
 
 class SlicedEncoding:
-    """Mixed into an OTLP exporter class: its request is encoded in slices."""
+    """Mixed into an OTLP exporter class: its request is encoded in slices.
 
-    def _translate_data(self, data: MetricsData) -> Any:
-        return encode_in_slices(data)
+    A request already built (``_table_encode.TableEncoder``) is sent as it is.
+    """
+
+    def _translate_data(self, data: Any) -> Any:
+        if isinstance(data, MetricsData):
+            return encode_in_slices(data)
+        return data
+
+    def _count_data(self, data: Any) -> int:
+        if isinstance(data, MetricsData):
+            return int(super()._count_data(data))  # type: ignore[misc]
+        return sum(
+            len(getattr(metric, metric.WhichOneof("data")).data_points)
+            for resource_metrics in data.resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+        )
 
 
 def sliced(exporter_class: type[Any]) -> type[Any]:
@@ -94,3 +109,25 @@ def sliced(exporter_class: type[Any]) -> type[Any]:
     if not callable(getattr(exporter_class, "_translate_data", None)):
         return exporter_class
     return type(exporter_class.__name__, (SlicedEncoding, exporter_class), {})
+
+
+class PrebuiltRequests:
+    """Mixed into the OTLP/HTTP exporter class: a request already built is sent as it is."""
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        if isinstance(metrics_data, MetricsData):
+            return super().export(metrics_data, timeout_millis, **kwargs)  # type: ignore[misc]
+        if getattr(self, "_shutdown", False):
+            from opentelemetry.sdk.metrics.export import MetricExportResult
+
+            return MetricExportResult.FAILURE
+        return self._export_batch(metrics_data)  # type: ignore[attr-defined]
+
+
+def takes_requests(exporter_class: type[Any]) -> type[Any] | None:
+    """``exporter_class`` able to send a ready request, or None if this SDK has no way."""
+    if callable(getattr(exporter_class, "_translate_data", None)):
+        return sliced(exporter_class)
+    if callable(getattr(exporter_class, "_export_batch", None)):
+        return type(exporter_class.__name__, (PrebuiltRequests, exporter_class), {})
+    return None

@@ -144,6 +144,7 @@ class ExportingReader(MetricReader):
         self.failures = 0  # consecutive failed exports
         self.failing = False  # FAILING_AFTER of them in a row, and none delivered since
         self._session = getattr(exporter, "async_tee_session", None)  # OTLP/HTTP's own
+        self._encoder: Any = None  # a TableEncoder once use_tables ran: no SDK collection
         self._last_error = _LastError()
         for logger_name in _EXPORTER_LOGGERS:
             logging.getLogger(logger_name).addFilter(self._last_error)
@@ -179,10 +180,26 @@ class ExportingReader(MetricReader):
         self.thread = threading.Thread(target=self._run, name="async-tee-export", daemon=True)
         self.thread.start()
 
+    @property
+    def takes_requests(self) -> bool:
+        """Whether its exporter sends a request built elsewhere (``use_tables``)."""
+        return bool(getattr(self._exporter, "async_tee_takes_requests", False))
+
+    def use_tables(self, encoder: Any) -> None:
+        """Build every export's request with ``encoder`` (a ``TableEncoder``), not the SDK."""
+        self._encoder = encoder
+
     def _collect_counted(self, timeout_millis: float) -> None:
-        """The SDK's collect, counted first: its self-series callbacks share one ``stats()``."""
+        """Collect (the SDK's collection, or the tables' request), counted first.
+
+        Counted first: the self-series callbacks of one collection share one ``stats()``.
+        """
         self.counts.collections += 1
-        self.collect(timeout_millis=timeout_millis)
+        encoder = self._encoder
+        if encoder is None:
+            self.collect(timeout_millis=timeout_millis)
+        else:
+            self._receive_metrics(encoder.request(), timeout_millis)
 
     # ------------------------------------------------------------------ the worker's side
 

@@ -127,7 +127,8 @@ def _otlp_exporter(settings: Settings) -> Any:
         insecure = settings.otlp_insecure
         if insecure is None:
             insecure = settings.otlp_endpoint.startswith("http://")
-        return sliced(OTLPMetricExporter)(
+        grpc_class = sliced(OTLPMetricExporter)
+        grpc_exporter = grpc_class(
             endpoint=settings.otlp_endpoint,
             insecure=insecure,
             headers=headers,
@@ -142,22 +143,28 @@ def _otlp_exporter(settings: Settings) -> Any:
                 ("grpc.min_reconnect_backoff_ms", max(1, int(settings.otlp_timeout_s * 1000))),
             ),
         )
+        # A request built from the tables goes through the same hook (_encode).
+        grpc_exporter.async_tee_takes_requests = grpc_class is not OTLPMetricExporter
+        return grpc_exporter
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HTTPMetricExporter,
     )
 
+    from async_tee._encode import takes_requests
     from async_tee._http_session import ExporterSession
 
     session = ExporterSession()  # abortable, pinned to its certificate, honours Retry-After
-    exporter = HTTPMetricExporter(
+    http_class = takes_requests(HTTPMetricExporter)
+    exporter: Any = (http_class or HTTPMetricExporter)(
         endpoint=settings.otlp_endpoint,
         headers=headers,
         timeout=settings.otlp_timeout_s,
         compression=Compression(settings.otlp_compression),
         session=session,
     )
-    exporter.async_tee_session = session  # type: ignore[attr-defined]  # the reader's handle
+    exporter.async_tee_session = session  # the reader's handle on it
+    exporter.async_tee_takes_requests = http_class is not None
     return exporter
 
 

@@ -182,6 +182,8 @@ class Pipeline:
         if not ensure_metric_group_registered():
             raise RuntimeError("the rl metric group could not be registered (warned above)")
         self.instruments.create(RL_METRIC_GROUP)
+        if settings.encoder == "tables":
+            self._use_tables(built)
         self.recorder = RLRecorder.for_meter(self.meter)  # over this meter's registry, above
         self._step_reader = built.step_reader
         self.steps = self._new_step_clock()
@@ -194,6 +196,23 @@ class Pipeline:
         self._closed = False
         self._lag_values: dict[str, float] = {}
         self._snapshot: tuple[int, float, dict[str, Any]] | None = None
+
+    def _use_tables(self, built: BuiltProvider) -> None:
+        """OTLP exports built from the tables (``ASYNC_TEE_ENCODER=tables``), where they can be."""
+        from async_tee._table_encode import TableEncoder  # the OTLP proto loads here
+
+        resource = getattr(getattr(built.provider, "_sdk_config", None), "resource", None)
+        for reader in built.push_readers:
+            if reader.name == "otlp" and reader.takes_requests and resource is not None:
+                reader.use_tables(
+                    TableEncoder(
+                        self.instruments,
+                        (_series.SELF_METRIC_GROUP, RL_METRIC_GROUP),
+                        resource,
+                        "async_tee",
+                        __version__,
+                    )
+                )
 
     @classmethod
     def open(cls, settings: Settings, meter_provider: MeterProvider | None = None) -> Pipeline:

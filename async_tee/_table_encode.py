@@ -90,7 +90,9 @@ class TableEncoder:
         if isinstance(series, _LastValue):
             shown = series.shown
             points = series.points.copy() if shown is None else shown
-            observed = [(value, attributes.mapping) for value, attributes in points.values()]
+            observed: list[tuple[Any, Any]] = [
+                (value, attributes.mapping) for value, attributes in points.values()
+            ]
             monotonic = series.monotonic if isinstance(series, _RunningTotal) else None
         elif isinstance(series, _Observed):
             observed = [(o.value, o.attributes or {}) for o in series.callback(_OPTIONS)]

@@ -42,8 +42,9 @@ def _normal(request: Any) -> dict[str, Any]:
         for metric in scope_metrics.metrics:
             kind = metric.WhichOneof("data")
             data = getattr(metric, kind)
-            points = []
+            points: list[Any] = []
             for point in data.data_points:
+                fields: tuple[Any, ...]
                 if kind == "histogram":
                     fields = (
                         point.count,
@@ -121,3 +122,48 @@ def test_attribute_sets_up_to_the_cap_encode_as_the_sdk_does(session):
     theirs = _normal(encode_metrics(reader.get_metrics_data()))
     assert ours == theirs
     assert len(ours["rl.setup.duration"][-1]) == 512
+
+
+def _run_against(sink: Any, protocol: str, encoder: str) -> dict[Any, Any]:
+    """Three steps of the fixture through a session of that encoder: what the receiver got."""
+    sink.clear()
+    running = async_tee.start_telemetry(
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint
+            if protocol == "grpc"
+            else sink.http_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc" if protocol == "grpc" else "http/protobuf",
+            "ASYNC_TEE_ENCODER": encoder,
+            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
+            "ASYNC_TEE_RUN_ID": "job-7",
+        }
+    )
+    assert isinstance(running, async_tee.Pipeline)
+    (reader,) = running._built.push_readers
+    assert (reader._encoder is not None) == (encoder == "tables")  # the path under test
+    for step in range(1, 4):
+        for call in load_calls():
+            async_tee.tee_rl_metrics_to_otel(
+                call["metrics"], call["prefix"], step, call.get("step_finished", False)
+            )
+        assert async_tee.flush(10)
+    assert async_tee.shutdown_telemetry(10)
+    steps = [step for step, _ in sink.by_step("rl.reward.mean")]
+    latest = {  # rl.step.time is each run's own wall time
+        key: point.value
+        for key, point in sink.latest().items()
+        if key[0].startswith("rl.") and key[0] != "rl.step.time"
+    }
+    return {"steps": steps, "latest": latest}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_receiver_gets_the_same_from_the_tables_as_from_the_sdk(sink, protocol):
+    sdk = _run_against(sink, protocol, "sdk")
+    tables = _run_against(sink, protocol, "tables")
+    for run in (sdk, tables):  # step exports (a step may fold into the next), then the last
+        assert set(run["steps"]) <= {1.0, 2.0, 3.0}
+        assert run["steps"][-1] == 3.0
+    assert tables["latest"] == sdk["latest"]  # every series, point and value alike
+    assert len(tables["latest"]) > 40
