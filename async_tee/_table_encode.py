@@ -61,90 +61,136 @@ class TableEncoder:
         self._resource_schema = resource.schema_url or ""
         self._scope = (scope_name, scope_version)
         self._starts: dict[tuple[str, Any], int] = {}  # (series, attribute key): first export
+        self._request: Any = None  # the last request built, kept for updates in place
+        self._shape: tuple[tuple[int, frozenset[Any]], ...] = ()  # its series and their sets
+        self._messages: dict[tuple[int, Any], Any] = {}  # its point messages by series, set
 
     def request(self) -> Any:
-        """This export's request. Never raises: a series that fails is left out (counted)."""
+        """This export's request, a message of its own. Never raises.
+
+        A series that fails is left out and counted. While every series holds the same
+        attribute sets as at the last export, the request kept from it only has its
+        values and times written again; else it is built afresh.
+        """
         now = time.time_ns()
+        entries = self._gather()
+        shape = tuple((index, frozenset(points)) for index, _, _, points in entries)
+        if self._request is None or shape != self._shape:
+            self._request = self._build(entries)
+            self._shape = shape
+        self._fill(entries, now)
+        copy = ExportMetricsServiceRequest()
+        copy.CopyFrom(self._request)  # the exporting thread sends it while the next is made
+        return copy
+
+    def _gather(self) -> list[tuple[int, _Series, bool | None, dict[Any, tuple[Any, Any]]]]:
+        """Each series with points: (index, series, monotonic, {attribute key: (attrs, v)})."""
         spend = budget().spend
+        entries = []
+        index = -1
+        for group in self._groups:
+            for series in (self._registry.instruments(group) or {}).values():
+                index += 1
+                try:
+                    found = _points_of(series)
+                except Exception:  # noqa: BLE001 - one series must not cost the export
+                    self._registry.counts.errors += 1
+                    found = None
+                if found is not None and found[1]:
+                    entries.append((index, series, found[0], found[1]))
+                spend()
+        return entries
+
+    def _build(self, entries: list[Any]) -> Any:
+        """A request with every series' metric and every point's attributes, no values yet."""
         request = ExportMetricsServiceRequest()
         resource_metrics = request.resource_metrics.add()
         resource_metrics.resource.attributes.extend(self._resource)
         resource_metrics.schema_url = self._resource_schema
         scope_metrics = resource_metrics.scope_metrics.add()
         scope_metrics.scope.name, scope_metrics.scope.version = self._scope
-        for group in self._groups:
-            instruments = self._registry.instruments(group) or {}
-            for series in instruments.values():
-                try:
-                    self._encode(series, scope_metrics, now)
-                except Exception:  # noqa: BLE001 - one series must not cost the export
-                    self._registry.counts.errors += 1
-                spend()
+        self._messages = {}
+        spend = budget().spend
+        for index, series, monotonic, points in entries:
+            spec = series.spec
+            metric = scope_metrics.metrics.add()
+            metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
+            if isinstance(series, _Histogram):
+                data = metric.histogram
+                data.aggregation_temporality = _CUMULATIVE
+            elif monotonic is None:
+                data = metric.gauge
+            else:
+                data = metric.sum
+                data.aggregation_temporality = _CUMULATIVE
+                data.is_monotonic = monotonic
+            for key, (attributes, _value) in points.items():
+                point = data.data_points.add()
+                point.attributes.extend(_key_value(k, v) for k, v in attributes.items())
+                self._messages[(index, key)] = point
+            spend()
         return request
 
-    def _encode(self, series: _Series, scope_metrics: Any, now: int) -> None:
-        spec = series.spec
-        if isinstance(series, _Histogram):
-            self._histogram(series, scope_metrics, now)
-            return
-        if isinstance(series, _LastValue):
-            shown = series.shown
-            points = series.points.copy() if shown is None else shown
-            observed: list[tuple[Any, Any]] = [
-                (value, attributes.mapping) for value, attributes in points.values()
-            ]
-            monotonic = series.monotonic if isinstance(series, _RunningTotal) else None
-        elif isinstance(series, _Observed):
-            observed = [(o.value, o.attributes or {}) for o in series.callback(_OPTIONS)]
-            monotonic = _SUMS.get(spec.kind)
-        else:
-            return  # unavailable: its creation failed and warned
-        if not observed:
-            return  # the SDK leaves a metric with no point out
-        metric = scope_metrics.metrics.add()
-        metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
-        if monotonic is None:
-            data = metric.gauge
-        else:
-            data = metric.sum
-            data.aggregation_temporality = _CUMULATIVE
-            data.is_monotonic = monotonic
-        for value, attributes in observed:
-            point = data.data_points.add()
-            point.attributes.extend(_key_value(k, v) for k, v in attributes.items())
-            point.time_unix_nano = now
-            if monotonic is not None:
-                point.start_time_unix_nano = self._start(spec.name, attributes, now)
-            if isinstance(value, int) and not isinstance(value, bool):
-                point.as_int = value
-            else:
-                point.as_double = float(value)
+    def _fill(self, entries: list[Any], now: int) -> None:
+        """Write every point's value and times into its message of the kept request."""
+        messages = self._messages
+        spend = budget().spend
+        for index, series, monotonic, points in entries:
+            name = series.spec.name
+            histogram = isinstance(series, _Histogram)
+            for key, (_attributes, value) in points.items():
+                point = messages[(index, key)]
+                point.time_unix_nano = now
+                if histogram:
+                    _fill_histogram(point, value, series.bounds)
+                    continue
+                if monotonic is not None:
+                    point.start_time_unix_nano = self._start(name, key, now)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    point.as_int = value
+                else:
+                    point.as_double = float(value)
+            spend()
 
-    def _histogram(self, series: _Histogram, scope_metrics: Any, now: int) -> None:
-        points = list(series.points.values())
-        if not points:
-            return
-        spec = series.spec
-        metric = scope_metrics.metrics.add()
-        metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
-        data = metric.histogram
-        data.aggregation_temporality = _CUMULATIVE
-        for recorded in points:
-            point = data.data_points.add()
-            point.attributes.extend(
-                _key_value(k, v) for k, v in recorded.attributes.mapping.items()
-            )
-            point.start_time_unix_nano = recorded.start_ns
-            point.time_unix_nano = now
-            point.count = sum(recorded.counts)
-            point.sum = recorded.sum
-            point.bucket_counts.extend(recorded.counts)
-            point.explicit_bounds.extend(series.bounds)
-            point.min, point.max = recorded.min, recorded.max
+    def _start(self, name: str, key: Any, now: int) -> int:
+        return self._starts.setdefault((name, key), now)
 
-    def _start(self, name: str, attributes: Any, now: int) -> int:
-        key = (name, tuple(sorted(attributes.items())))
-        return self._starts.setdefault(key, now)
+
+def _points_of(series: _Series) -> tuple[bool | None, dict[Any, tuple[Any, Any]]] | None:
+    """A series' points now: (monotonic or None for a gauge, {key: (attributes, value)})."""
+    if isinstance(series, _Histogram):
+        return None, {
+            key: (point.attributes.mapping, point) for key, point in series.points.items()
+        }
+    if isinstance(series, _LastValue):
+        shown = series.shown
+        points = series.points.copy() if shown is None else shown
+        monotonic = series.monotonic if isinstance(series, _RunningTotal) else None
+        return monotonic, {key: (attrs.mapping, value) for key, (value, attrs) in points.items()}
+    if isinstance(series, _Observed):
+        observed: dict[Any, tuple[Any, Any]] = {}
+        for observation in series.callback(_OPTIONS):
+            attributes = dict(observation.attributes or {})
+            observed[_hashable(attributes)] = (attributes, observation.value)
+        return _SUMS.get(series.spec.kind), observed
+    return None  # unavailable: its creation failed and warned
+
+
+def _hashable(attributes: dict[str, Any]) -> Any:
+    return tuple(
+        sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attributes.items())
+    )
+
+
+def _fill_histogram(point: Any, recorded: Any, bounds: tuple[float, ...]) -> None:
+    point.start_time_unix_nano = recorded.start_ns
+    point.count = sum(recorded.counts)
+    point.sum = recorded.sum
+    del point.bucket_counts[:]
+    point.bucket_counts.extend(recorded.counts)
+    if not point.explicit_bounds:
+        point.explicit_bounds.extend(bounds)
+    point.min, point.max = recorded.min, recorded.max
 
 
 class _Options:

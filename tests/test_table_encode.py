@@ -167,3 +167,25 @@ def test_the_receiver_gets_the_same_from_the_tables_as_from_the_sdk(sink, protoc
         assert run["steps"][-1] == 3.0
     assert tables["latest"] == sdk["latest"]  # every series, point and value alike
     assert len(tables["latest"]) > 40
+
+
+def test_a_kept_request_updated_in_place_still_encodes_as_the_sdk_does(session):
+    running, reader, resource = session
+    encoder = _encoder(running, resource)
+    shapes = []
+    for step in range(1, 7):  # a NaN at step 2 changes the sets; steps 4 to 6 repeat step 3's
+        for call in load_calls():
+            metrics = dict(call["metrics"])
+            if call["prefix"] == "train" and step == 2 and "loss" in metrics:
+                metrics["loss"] = math.nan
+            if call["prefix"] == "train":
+                metrics["reward"] = float(step)  # a value that changes every step
+            async_tee.tee_rl_metrics_to_otel(
+                metrics, call["prefix"], step, call.get("step_finished", False)
+            )
+        assert async_tee.flush(10)
+        ours = _normal(encoder.request())
+        assert ours == _normal(encode_metrics(reader.get_metrics_data())), step
+        assert ours["rl.reward.mean"][-1][0][1] == ("as_double", float(step))
+        shapes.append(encoder._shape)
+    assert shapes[4] == shapes[5]  # the last export updated the kept request in place
