@@ -17,6 +17,9 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   boundary and the ``async-tee-export`` thread sends.
 - ``periodic``: ``ASYNC_TEE_STEP_EXPORT=0`` and ``OTEL_METRIC_EXPORT_INTERVAL`` = the step
   length, so it also exports about once per step; the exporting thread collects and sends.
+- ``tables``: as ``step``, with ``ASYNC_TEE_ENCODER=tables``: the request is built from
+  async_tee's tables (``_table_encode``), not from the SDK's collection (its ``collect``
+  column stays empty: the build is in the worker's CPU).
 
 Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 2.3 min). ``--quick``: 2 steps
 of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
@@ -96,7 +99,8 @@ from async_tee import testing
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-MODES = ("step", "periodic")
+MODES = ("step", "periodic", "tables")
+STEP_MODES = ("step", "tables")  # every export a step export; "tables" builds it from the tables
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
@@ -256,8 +260,9 @@ def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
     }
-    if mode == "step":
+    if mode in STEP_MODES:
         env["ASYNC_TEE_STEP_EXPORT"] = "1"
+        env["ASYNC_TEE_ENCODER"] = "tables" if mode == "tables" else "sdk"
     else:
         env["ASYNC_TEE_STEP_EXPORT"] = "0"
         env["OTEL_METRIC_EXPORT_INTERVAL"] = str(round(step_s * 1000))
@@ -273,7 +278,7 @@ def warmup_ns(mode: str, step_s: float) -> int:
     the step's own calls and from the window edges, whatever the timer's drift (a few ms
     a period).
     """
-    if mode == "step":
+    if mode in STEP_MODES:
         return round(WARMUP_S * 1e9)
     periods = math.ceil(WARMUP_S / step_s + 0.5)
     return round((periods - 0.5) * step_s * 1e9)
@@ -474,7 +479,7 @@ def check(cell: dict[str, Any]) -> list[str]:
     """Whether every step got an export of its own (step mode), and a clean shutdown."""
     warnings = []
     label = f"{cell['step_s']:g} s steps, {cell['mode']}"
-    if cell["mode"] == "step":
+    if cell["mode"] in STEP_MODES:
         for when in ("before_shutdown", "after_shutdown"):
             steps = cell[when]["steps"]
             if steps["exported"] != steps["completed"] or steps["coalesced"] != 0:
@@ -511,9 +516,10 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for step_s in sorted({c["step_s"] for c in cells}):
         by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
-        if set(by_mode) != set(MODES):
+        if not {"step", "periodic"} <= set(by_mode):
             continue
         s, p = by_mode["step"], by_mode["periodic"]
+        t = by_mode.get("tables")
 
         def ratio(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None or not b else a / b
@@ -534,6 +540,11 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ),
                 "threads_cpu_per_step_total": ratio(
                     s["totals"]["threads_cpu_per_step_us"], p["totals"]["threads_cpu_per_step_us"]
+                ),
+                "tables_over_step_threads_cpu_per_step_total": None
+                if t is None
+                else ratio(
+                    t["totals"]["threads_cpu_per_step_us"], s["totals"]["threads_cpu_per_step_us"]
                 ),
             }
         )
@@ -596,6 +607,7 @@ RATIO_HEADER = (
     "export thr CPU/export total",
     "worker CPU/step total",
     "all threads CPU/step total",
+    "tables / step: all threads CPU/step",
 )
 
 
@@ -608,6 +620,7 @@ def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             fmt_opt(r["exporter_thread_cpu_per_export_total"], ".2f"),
             fmt_opt(r["worker_cpu_per_step_total"], ".2f"),
             fmt_opt(r["threads_cpu_per_step_total"], ".2f"),
+            fmt_opt(r.get("tables_over_step_threads_cpu_per_step_total"), ".2f"),
         )
         for r in report["ratios"]
     ]
@@ -646,7 +659,7 @@ def section(report: dict[str, Any]) -> list[str]:
         f"exported {c['after_shutdown']['steps']['exported']}, coalesced "
         f"{c['after_shutdown']['steps']['coalesced']}"
         for c in cells
-        if c["mode"] == "step"
+        if c["mode"] in STEP_MODES
     ]
     lines += ["", "Every step exported (step mode, whole session): " + "; ".join(checks) + "."]
     return lines
