@@ -182,8 +182,22 @@ class ExportingReader(MetricReader):
 
     @property
     def takes_requests(self) -> bool:
-        """Whether its exporter sends a request built elsewhere (``use_tables``)."""
-        return bool(getattr(self._exporter, "async_tee_takes_requests", False))
+        """Whether its exporter can send a request built from the tables (``use_tables``).
+
+        It must take a ready request, and want what the tables encode: every kind
+        cumulative, histograms in explicit buckets (``OTEL_EXPORTER_OTLP_METRICS_
+        TEMPORALITY_PREFERENCE=delta`` or an exponential histogram leaves the SDK's way).
+        """
+        if not getattr(self._exporter, "async_tee_takes_requests", False):
+            return False
+        from opentelemetry.sdk.metrics.export import AggregationTemporality
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation
+
+        temporality = getattr(self._exporter, "_preferred_temporality", None) or {}
+        aggregation = getattr(self._exporter, "_preferred_aggregation", None) or {}
+        return all(t == AggregationTemporality.CUMULATIVE for t in temporality.values()) and all(
+            isinstance(a, ExplicitBucketHistogramAggregation) for a in aggregation.values()
+        )
 
     def use_tables(self, encoder: Any) -> None:
         """Build every export's request with ``encoder`` (a ``TableEncoder``), not the SDK."""

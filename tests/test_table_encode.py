@@ -189,3 +189,15 @@ def test_a_kept_request_updated_in_place_still_encodes_as_the_sdk_does(session):
         assert ours["rl.reward.mean"][-1][0][1] == ("as_double", float(step))
         shapes.append(encoder._shape)
     assert shapes[4] == shapes[5]  # the last export updated the kept request in place
+
+
+def test_an_exporter_asking_for_delta_keeps_the_sdks_way(sink, monkeypatch):
+    # The SDK's exporter reads its preference from the process environment.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    running = async_tee.start_telemetry(
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, "ASYNC_TEE_ENCODER": "tables"}
+    )
+    assert isinstance(running, async_tee.Pipeline)
+    (reader,) = running._built.push_readers
+    assert reader._encoder is None  # the tables encode cumulative sums only
+    assert async_tee.shutdown_telemetry(10)
