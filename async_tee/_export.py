@@ -213,7 +213,7 @@ class ExportingReader(MetricReader):
         if encoder is None:
             self.collect(timeout_millis=timeout_millis)
         else:
-            self._receive_metrics(encoder.request(), timeout_millis)
+            self._receive_metrics(encoder.request(timeout_millis / 1000.0), timeout_millis)
 
     # ------------------------------------------------------------------ the worker's side
 

@@ -29,7 +29,7 @@ class Settings:
     otlp_protocol: str = "grpc"
     otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
     otlp_headers: tuple[tuple[str, str], ...] = ()
-    encoder: str = "sdk"
+    encoder: str = "tables"
     otlp_timeout_s: float = 10.0
     otlp_compression: str = "none"
     otlp_insecure: bool | None = None

@@ -65,7 +65,7 @@ class TableEncoder:
         self._shape: tuple[tuple[int, frozenset[Any]], ...] = ()  # its series and their sets
         self._messages: dict[tuple[int, Any], Any] = {}  # its point messages by series, set
 
-    def request(self) -> Any:
+    def request(self, timeout_s: float | None = None) -> Any:
         """This export's request, a message of its own. Never raises.
 
         A series that fails is left out and counted. While every series holds the same
@@ -73,7 +73,8 @@ class TableEncoder:
         values and times written again; else it is built afresh.
         """
         now = time.time_ns()
-        entries = self._gather()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        entries = self._gather(deadline)
         shape = tuple((index, frozenset(points)) for index, _, _, points in entries)
         if self._request is None or shape != self._shape:
             self._request = self._build(entries)
@@ -83,8 +84,15 @@ class TableEncoder:
         copy.CopyFrom(self._request)  # the exporting thread sends it while the next is made
         return copy
 
-    def _gather(self) -> list[tuple[int, _Series, bool | None, dict[Any, tuple[Any, Any]]]]:
-        """Each series with points: (index, series, monotonic, {attribute key: (attrs, v)})."""
+    def _gather(
+        self, deadline: float | None = None
+    ) -> list[tuple[int, _Series, bool | None, dict[Any, tuple[Any, Any]]]]:
+        """Each series with points: (index, series, monotonic, {attribute key: (attrs, v)}).
+
+        Raises:
+            TimeoutError: The callbacks ran past ``deadline`` (monotonic), as the SDK's
+                collection fails past its timeout (``OTEL_METRIC_EXPORT_TIMEOUT``).
+        """
         spend = budget().spend
         entries = []
         index = -1
@@ -98,6 +106,9 @@ class TableEncoder:
                     found = None
                 if found is not None and found[1]:
                     entries.append((index, series, found[0], found[1]))
+                late = deadline is not None and time.monotonic() > deadline
+                if late and isinstance(series, _Observed):
+                    raise TimeoutError("the observable callbacks ran past the timeout")
                 spend()
         return entries
 

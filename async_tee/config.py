@@ -64,9 +64,10 @@ only; ``local0``: local rank 0 of each node. On the others ``start_telemetry`` s
 nothing and the tee stays a no-op. A process with no launcher rank counts as rank 0."""
 
 ASYNC_TEE_ENCODER = "ASYNC_TEE_ENCODER"
-"""``sdk`` (default) | ``tables``: how an OTLP/gRPC export's request is built from a
-provider async_tee builds. ``sdk``: the SDK's collection, encoded; ``tables``: straight from
-async_tee's tables (``_table_encode``), the same request at a fraction of the CPU."""
+"""``tables`` (default) | ``sdk``: how an OTLP export's request is built for a provider
+async_tee builds. ``tables``: straight from async_tee's tables (``_table_encode``), the same
+request as the SDK's at a fraction of the CPU; ``sdk``: the SDK's collection, encoded (the
+reference it is tested against)."""
 
 ASYNC_TEE_PROMETHEUS_BASE_PORT = "ASYNC_TEE_PROMETHEUS_BASE_PORT"
 """int, default 9464: with no ``OTEL_EXPORTER_PROMETHEUS_PORT``, each local rank serves
@@ -109,7 +110,7 @@ _MILLISECONDS_THRESHOLD = 1000.0
 
 EXPORT_RANKS = ("all", "0", "local0")
 
-ENCODERS = ("sdk", "tables")
+ENCODERS = ("tables", "sdk")
 
 _RANK_ATTRIBUTES = (
     ("rank", "rl.rank"),
