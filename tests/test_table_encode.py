@@ -82,6 +82,16 @@ def session() -> Any:
     provider.shutdown()
 
 
+def _ours(running: Any, encoder: TableEncoder) -> dict[str, Any]:
+    """The encoder's request, normalized, for a new collection (as the reader starts one).
+
+    The self-series callbacks share one ``stats()`` per collection: the SDK's read right
+    after reuses this one's, so both see the same figures.
+    """
+    running.export_counts.collections += 1
+    return _normal(encoder.request())
+
+
 def _encoder(running: Any, resource: Resource) -> TableEncoder:
     return TableEncoder(
         running.instruments,
@@ -103,7 +113,7 @@ def test_the_fixture_run_encodes_as_the_sdk_does(session):
                 metrics, call["prefix"], step, call.get("step_finished", False)
             )
         assert async_tee.flush(10)
-    ours = _normal(_encoder(running, resource).request())
+    ours = _ours(running, _encoder(running, resource))
     theirs = _normal(encode_metrics(reader.get_metrics_data()))
     assert ours.keys() == theirs.keys()
     for name in theirs:
@@ -118,7 +128,7 @@ def test_attribute_sets_up_to_the_cap_encode_as_the_sdk_does(session):
     async_tee.tee_rl_metrics_to_otel(phases, "timing/setup", 0)
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, step_finished=True)
     assert async_tee.flush(10)
-    ours = _normal(_encoder(running, resource).request())
+    ours = _ours(running, _encoder(running, resource))
     theirs = _normal(encode_metrics(reader.get_metrics_data()))
     assert ours == theirs
     assert len(ours["rl.setup.duration"][-1]) == 512
@@ -184,7 +194,7 @@ def test_a_kept_request_updated_in_place_still_encodes_as_the_sdk_does(session):
                 metrics, call["prefix"], step, call.get("step_finished", False)
             )
         assert async_tee.flush(10)
-        ours = _normal(encoder.request())
+        ours = _ours(running, encoder)
         assert ours == _normal(encode_metrics(reader.get_metrics_data())), step
         assert ours["rl.reward.mean"][-1][0][1] == ("as_double", float(step))
         shapes.append(encoder._shape)
