@@ -123,11 +123,10 @@ class MappingPlan:
         efficiency_keys: Every ``efficiency/`` key of a ``""`` dict that is read (by a
             category or a row); another ``efficiency/<c>_s`` is an unknown category.
         phase_rows: The ``timing/train`` keys a row reads: not step phases.
-        read_keys: Every key read from a ``train``/``""`` dict, and no other.
-        prefixes: Every prefix the tee takes (None counts as ``""``).
-        snapshot_keys: For each prefix the tee takes, the keys the caller snapshots a dict
-            of it to (every key read from it), or None where a family reads every key
-            (``timing/setup``, ``timing/train``, ``""``: copied whole, up to a bound), §6.
+        snapshot_keys: For each prefix the tee takes (None counts as ``""``), the keys
+            the caller snapshots a dict of it to (every key read from it), or None where a
+            family reads every key (``timing/setup``, ``timing/train``, ``""``: copied
+            whole, up to a bound), §6.
     """
 
     scalars: Mapping[str, ScalarPlan]
@@ -135,9 +134,12 @@ class MappingPlan:
     efficiency_attributes: Mapping[str, FrozenAttributes]
     efficiency_keys: frozenset[str]
     phase_rows: frozenset[str]
-    read_keys: tuple[str, ...]
-    prefixes: frozenset[str | None]
     snapshot_keys: Mapping[str | None, tuple[str, ...] | None]
+
+    @property
+    def prefixes(self) -> frozenset[str | None]:
+        """Every prefix the tee takes (None counts as ``""``)."""
+        return frozenset(self.snapshot_keys)
 
     def bind(self, tables: Mapping[str, Store]) -> MappingPlan:
         """The same plan with each row's table (a session's registry), for the fast path."""
@@ -216,14 +218,12 @@ def compile_plan(
     efficiency = _efficiency_plan(categories)
     seconds_keys = [seconds_key for seconds_key, _ in efficiency]
     pct_keys = [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
-    keys = [logger_key for prefix in TRAIN_PREFIXES for logger_key, *_ in scalars[prefix or ""]]
     row_keys = {logger_key for logger_key, *_ in scalars[""]}
-    prefixes = frozenset((*BUILT_IN_PREFIXES, *by_prefix))
     snapshot_keys = {
         prefix: None
         if (prefix or "") in READ_WHOLE
         else tuple(dict.fromkeys(logger_key for logger_key, *_ in scalars[prefix or ""]))
-        for prefix in prefixes
+        for prefix in (*BUILT_IN_PREFIXES, *by_prefix)
     }
     return MappingPlan(
         scalars=scalars,
@@ -231,8 +231,6 @@ def compile_plan(
         efficiency_attributes=efficiency_attributes(categories),
         efficiency_keys=frozenset((*seconds_keys, *pct_keys, *row_keys)),
         phase_rows=frozenset(logger_key for logger_key, *_ in scalars[STEP_TIMING_PREFIX]),
-        read_keys=tuple(dict.fromkeys([*keys, *seconds_keys, *pct_keys])),
-        prefixes=prefixes,
         snapshot_keys=snapshot_keys,
     )
 

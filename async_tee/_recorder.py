@@ -121,7 +121,6 @@ class RLRecorder:
         self.efficiency_attributes = self.plan.efficiency_attributes
         self.counted = CountedSteps()
         self.skipped: Skipped = {}  # values not taken at mapping, by reason
-        self.read_keys = self.plan.read_keys  # all it reads from train/"" dicts
         # Held for the run, not per step: the start-up phases (logged once) and the
         # directly recorded rows (no step); every other table is published per step.
         self._held = frozenset((_SETUP_DURATION_KEY, *(row.key for row in recorded_metrics())))
