@@ -22,11 +22,15 @@ from async_tee._handoff import DropOldestQueue
 from async_tee._mapping import BUILT_IN_PREFIXES
 from async_tee._reporting import warn_once
 
-TeedDict: TypeAlias = "tuple[dict[Any, Any] | None, str, Any, bool, int]"
+PickedValues: TypeAlias = "tuple[tuple[str, ...], tuple[Any, ...]]"
+"""``(read_keys, values)``: a dict's values at the keys a row reads, :data:`ABSENT` where
+the dict lacks the key. :func:`as_dict` turns it back into a dict, on the worker."""
+
+TeedDict: TypeAlias = "tuple[dict[Any, Any] | PickedValues | None, str, Any, bool, int]"
 """``(metrics, prefix, step, step_finished, enqueued_ns)``: one dict handed to the tee.
 
-``metrics`` is None for a bare end-of-step marker: a ``step_finished=True`` call on a
-prefix that is not teed."""
+``metrics`` is a copy of the dict, or its :data:`PickedValues`; None for a bare end-of-step
+marker: a ``step_finished=True`` call on a prefix that is not teed."""
 
 RecordedValues: TypeAlias = "tuple[dict[Any, Any], dict[Any, Any] | None, int]"
 """``(values, attributes, enqueued_ns)``: one ``record_rl_metrics`` call."""
@@ -38,15 +42,18 @@ LEFT_OUT = object()
 the bound of a dict read whole, and keys that raised when looked up. Never a real key (no
 caller has this object); the worker pops it and counts the keys (docs/semantics.md §6)."""
 
+ABSENT = object()
+"""A :data:`PickedValues` slot for a read key the dict lacks."""
+
 _NOT_TEED: Any = object()  # what _SNAPSHOT_KEYS.get returns for a prefix the session does not read
 
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
 # For each prefix the running session reads, the keys a snapshot of its dicts keeps, as a
-# tuple and as a map from each key to itself (None: the whole dict, up to _WHOLE_UP_TO
-# keys): written with _QUEUE, before it.
-ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str]]"
+# tuple, as a map from each key to itself and as as many ABSENTs (None: the whole dict, up
+# to _WHOLE_UP_TO keys): written with _QUEUE, before it.
+ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str], tuple[object, ...]]"
 _SNAPSHOT_KEYS: dict[str | None, ReadKeys | None] = dict.fromkeys(BUILT_IN_PREFIXES)
 _WHOLE_UP_TO = 512
 
@@ -68,7 +75,7 @@ def attach(
     """
     global _QUEUE, _SNAPSHOT_KEYS, _WHOLE_UP_TO
     _SNAPSHOT_KEYS = {
-        prefix: None if keys is None else (keys, {key: key for key in keys})
+        prefix: None if keys is None else (keys, {key: key for key in keys}, (ABSENT,) * len(keys))
         for prefix, keys in (snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES)).items()
     }
     _WHOLE_UP_TO = whole_up_to
@@ -115,7 +122,7 @@ def tee_rl_metrics_to_otel(
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return
-        snapshot: dict[Any, Any]
+        snapshot: dict[Any, Any] | PickedValues
         if keys is None:  # a family reads every key: the whole dict, up to a bound
             if len(metrics) <= _WHOLE_UP_TO:
                 snapshot = dict(metrics)
@@ -123,7 +130,7 @@ def tee_rl_metrics_to_otel(
                 snapshot = dict(islice(metrics.items(), _WHOLE_UP_TO))
                 snapshot[LEFT_OUT] = len(metrics) - _WHOLE_UP_TO
         else:  # only the keys a row reads: nothing else the dict holds stays alive
-            read, canonical = keys
+            read, canonical, absent = keys
             try:
                 if len(metrics) < len(read):  # walk the smaller: here the dict
                     snapshot = {
@@ -131,8 +138,8 @@ def tee_rl_metrics_to_otel(
                         for given, value in metrics.items()
                         if (key := canonical.get(given)) is not None
                     }
-                else:
-                    snapshot = {key: metrics[key] for key in read if key in metrics}
+                else:  # here the read keys, in C: one get each, no dict built
+                    snapshot = (read, tuple(map(metrics.get, read, absent)))
             except Exception:
                 if not isinstance(metrics, dict):
                     raise  # a mapping that fails to be read: a failed snapshot
@@ -141,6 +148,14 @@ def tee_rl_metrics_to_otel(
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")
+
+
+def as_dict(metrics: dict[Any, Any] | PickedValues) -> dict[Any, Any]:
+    """A teed snapshot's metrics as a dict (a copy's self; picked values' present keys)."""
+    if type(metrics) is tuple:
+        read, values = metrics
+        return {key: value for key, value in zip(read, values, strict=True) if value is not ABSENT}
+    return metrics  # type: ignore[return-value]
 
 
 def _careful_snapshot(metrics: Mapping[Any, Any], keys: tuple[str, ...]) -> dict[Any, Any]:

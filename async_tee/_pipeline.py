@@ -369,6 +369,7 @@ class Pipeline:
             step, ends = steps.step_of(raw_step, prefix, finished)
             steps.before(step, enqueued_ns)
             if metrics is not None:  # None: a bare end-of-step marker
+                metrics = _caller.as_dict(metrics)
                 if _caller.LEFT_OUT in metrics:
                     count_skipped(self.recorder.skipped, LEFT_OUT, metrics.pop(_caller.LEFT_OUT))
                 if prefix in READ_WHOLE:  # copied whole: keys as the caller made them

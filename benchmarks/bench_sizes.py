@@ -281,9 +281,9 @@ def latency_report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def item_bytes(d: dict[str, Any]) -> int:
     """``sys.getsizeof`` of one queued item as the tee builds it now (values not counted)."""
     keys, whole_up_to = _caller._SNAPSHOT_KEYS[PREFIX], _caller._WHOLE_UP_TO
-    snapshot: dict[Any, Any]
+    snapshot: Any
     if keys is not None:
-        snapshot = {key: d[key] for key in keys[0] if key in d}
+        snapshot = (keys[0], tuple(map(d.get, keys[0], keys[2])))
     elif len(d) <= whole_up_to:
         snapshot = dict(d)
     else:
@@ -292,7 +292,8 @@ def item_bytes(d: dict[str, Any]) -> int:
     teed = (snapshot, PREFIX, 10**6, False, monotonic_ns())
     item = (teed, 10**6)
     ints = sys.getsizeof(teed[2]) + sys.getsizeof(teed[4]) + sys.getsizeof(item[1])
-    return sys.getsizeof(snapshot) + sys.getsizeof(teed) + sys.getsizeof(item) + ints
+    own = sys.getsizeof(snapshot[1]) if isinstance(snapshot, tuple) else 0  # the values tuple
+    return sys.getsizeof(snapshot) + own + sys.getsizeof(teed) + sys.getsizeof(item) + ints
 
 
 @contextlib.contextmanager

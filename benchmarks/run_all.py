@@ -17,7 +17,9 @@ keys),
 ``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
 and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps the
 telemetry threads make in a pure-Python training thread through the GIL, off against
-on, at 1, 10 and 100 teed steps a second) and ``bench_handover.py`` (how long the threads'
+on, at 1, 10 and 100 teed steps a second, built from the tables and the SDK's way),
+``bench_scale.py`` (the same gaps and the threads' CPU with 30 to 3,000 series and 10 or
+500 efficiency categories, both ways) and ``bench_handover.py`` (how long the threads'
 GIL hand-over sleep must be for a busy training thread to take the GIL). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
@@ -25,7 +27,7 @@ goes to a temp dir, deleted afterwards; this script merges every part into ``--o
 the issue's targets with whether each holds) and ``latency.png`` (``plot.py``). A full run
 into ``results/latest.json`` then regenerates the README's summary table (``summary.py``).
 
-Full: about 13 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+Full: about 16 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
@@ -47,6 +49,7 @@ import bench_latency
 import bench_memory
 import bench_overhead
 import bench_ranks
+import bench_scale
 import bench_sizes
 import bench_stolen
 import summary
@@ -63,6 +66,7 @@ SECTIONS: dict[str, Section] = {
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
     "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
     "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
+    "scale": ("Scale: series and categories, tables and SDK (bench_scale.py)", bench_scale.section),
     "handover": ("GIL hand-over sleep (bench_handover.py)", bench_handover.section),
 }
 PARTS = tuple(SECTIONS)
@@ -77,6 +81,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "sizes": ("sizes",),
     "ranks": ("ranks",),
     "stolen": ("stolen",),
+    "scale": ("scale",),
     "handover": ("handover",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
@@ -105,18 +110,25 @@ def run_script(name: str, out_dir: Path, quick: bool) -> dict[str, dict[str, Any
 # ------------------------------------------------------------------ targets
 
 
-def caller_targets(caller: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The caller targets, each with the conditions where it holds and where it misses."""
+def _by_target(
+    checks: list[dict[str, Any]], figure: Callable[[dict[str, Any]], str], sep: str = "; "
+) -> list[tuple[str, str, str]]:
+    """Checks grouped by target: (target, where it holds, where it misses)."""
     by_target: dict[str, dict[str, list[str]]] = {}
-    for check in caller.get("targets", []):
+    for check in checks:
         verdicts = by_target.setdefault(check["target"], {"holds": [], "missed": []})
-        verdicts["holds" if check["holds"] else "missed"].append(
-            f"{check['condition']} {check['value']:.3g}"
-        )
+        verdicts["holds" if check["holds"] else "missed"].append(figure(check))
     return [
-        (target, ", ".join(v["holds"]) or "-", ", ".join(v["missed"]) or "-")
+        (target, sep.join(v["holds"]) or "-", sep.join(v["missed"]) or "-")
         for target, v in by_target.items()
     ]
+
+
+def caller_targets(caller: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The caller targets, each with the conditions where it holds and where it misses."""
+    return _by_target(
+        caller.get("targets", []), lambda c: f"{c['condition']} {c['value']:.3g}", sep=", "
+    )
 
 
 def _opt(value: float | None, spec: str) -> str:
@@ -213,17 +225,13 @@ def sizes_targets(sizes: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def stolen_targets(stolen: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Issue 12's targets (time lost, attributable gaps, 1 step/s, thread CPU) per cell."""
-    by_target: dict[str, dict[str, list[str]]] = {}
-    for check in stolen.get("targets", []):
-        verdicts = by_target.setdefault(check["target"], {"holds": [], "missed": []})
-        verdicts["holds" if check["holds"] else "missed"].append(
-            f"{check['condition']}: {check['text']}"
-        )
-    return [
-        (target, "; ".join(v["holds"]) or "-", "; ".join(v["missed"]) or "-")
-        for target, v in by_target.items()
-    ]
+    """Issues 12's and 22's targets (time lost, attributable gaps, thread CPU) per cell."""
+    return _by_target(stolen.get("targets", []), lambda c: f"{c['condition']}: {c['text']}")
+
+
+def scale_targets(scale: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Issue 22's scale targets, per cell and variant."""
+    return _by_target(scale.get("targets", []), lambda c: f"{c['condition']}: {c['value']:.3g}")
 
 
 def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -235,6 +243,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         + memory_targets(report.get("memory", {}))
         + sizes_targets(report.get("sizes", {}))
         + stolen_targets(report.get("stolen", {}))
+        + scale_targets(report.get("scale", {}))
     )
 
 

@@ -119,7 +119,7 @@ def _stolen_rows(results: dict[str, Any]) -> Iterator[Row]:
             continue
         on = ", ".join(
             f"{lost[rate, variant]:.2f} % {variant}"
-            for variant in ("healthy", "stalled")
+            for variant in ("healthy", "stalled", "sdk")
             if (rate, variant) in lost
         )
         gap = attributable.get((rate, "healthy"))
@@ -127,6 +127,21 @@ def _stolen_rows(results: dict[str, Any]) -> Iterator[Row]:
             f"training thread's time lost, {rate} step{'s' if rate != 1 else ''}/s: off, on",
             f"{lost[rate, 'off']:.2f} % off, {on}",
             f"longest gap attributable to telemetry {gap:.2f} ms (healthy)" if gap else "",
+        )
+
+
+def _scale_rows(results: dict[str, Any]) -> Iterator[Row]:
+    rows = {
+        (r["series"], r["categories"], r["variant"]): r
+        for r in _part(results, "scale").get("rows", [])
+    }
+    tables, sdk = rows.get((3_000, 10, "tables")), rows.get((3_000, 10, "sdk"))
+    if tables and sdk:
+        yield (
+            "3,000 extra series at 1 step/s: time lost on minus off, longest gap",
+            f"{tables['lost_pct_diff']:+.2f} %, {tables['longest_ms']:.1f} ms",
+            f"the SDK's collection (`ASYNC_TEE_ENCODER=sdk`): {sdk['lost_pct_diff']:+.2f} %, "
+            f"{sdk['longest_ms']:.1f} ms",
         )
 
 
@@ -170,6 +185,7 @@ def render(results: dict[str, Any]) -> str:
         *_run_row(results),
         *_caller_rows(results),
         *_stolen_rows(results),
+        *_scale_rows(results),
         *_export_rows(results),
         *_memory_rows(results),
     ]

@@ -29,7 +29,7 @@ def queue():
 
 def _snapshot(queue: DropOldestQueue[Any]) -> dict[Any, Any]:
     ((item, _seq),) = queue.pop_batch(8)
-    return item[0]
+    return _caller.as_dict(item[0])
 
 
 @pytest.mark.parametrize("size", [2, 5_000], ids=["dict smaller than the keys", "keys smaller"])
