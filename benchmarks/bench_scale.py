@@ -138,7 +138,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         ended.append(time.perf_counter_ns())
         return shutdown(*args, **kwargs)
 
-    async_tee.shutdown_telemetry = timed_shutdown  # type: ignore[assignment]
+    async_tee.shutdown_telemetry = timed_shutdown
     run = bench_stolen.run_child({**spec, "rate": RATE}, calls)
     end = ended[0] if ended else time.perf_counter_ns()
     begin = end - run["wall_ns"]  # the warm-up's and the shutdown's exports are not the cell's
@@ -215,7 +215,7 @@ HEADER = (
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for row in rows:
         collect, send = row["call_us"]["collect_step"], row["call_us"]["_send"]
         out.append(
