@@ -1,10 +1,11 @@
-"""Owns the ``async-tee`` command line: ``sink``, ``demo``, ``catalog`` and ``dashboard``.
+"""Owns the ``async-tee`` command line: ``sink``, ``demo``, ``catalog``, ``dashboard``, ``alerts``.
 
 ``async-tee sink`` runs an OTLP metrics receiver in the foreground and prints every point
 it receives; ``async-tee demo`` runs a simulated GRPO training run through ``Logger`` and
 reports what arrived and what it cost; ``async-tee catalog`` lists every series async_tee
 would export, with its Prometheus name; ``async-tee dashboard`` writes a Grafana dashboard
-for them. ``python -m async_tee`` is the same command.
+for them and ``async-tee alerts`` a Prometheus rules file over them. ``python -m async_tee``
+is the same command.
 
 The library logs where it exports at INFO on the ``async_tee`` logger, hidden at Python's
 default WARNING level; ``demo``, the command that starts telemetry, shows those lines on
@@ -134,7 +135,75 @@ def _parser() -> argparse.ArgumentParser:
     )
     dashboard.add_argument("--output", metavar="PATH", help="write here instead of stdout")
     dashboard.set_defaults(handler=_run_dashboard)
+
+    alerts = commands.add_parser(
+        "alerts",
+        help="write Prometheus alert rules (YAML) for a training job",
+        description="Generate a Prometheus rules file from the series catalog: a stuck "
+        "trainer, a run with no first step, a rank gone, non-finite values, a straggler, and "
+        "async_tee's own failures. Durations take 300, 300s, 5m or 2h.",
+    )
+    alerts.add_argument("--output", metavar="PATH", help="write here instead of stdout")
+    defaults = _alert_defaults()
+    for flag, dest, kind, what in _ALERT_FLAGS:
+        alerts.add_argument(
+            flag,
+            dest=dest,
+            type=kind,
+            default=getattr(defaults, dest),
+            help=f"{what} (default: %(default)s)",
+        )
+    alerts.set_defaults(handler=_run_alerts)
     return parser
+
+
+def _alert_defaults() -> Any:
+    from async_tee.alerts import AlertThresholds
+
+    return AlertThresholds()
+
+
+def _duration(text: str) -> float:
+    from async_tee.alerts import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+_fraction = _bounded(float, 0, 1, "must be a fraction in (0, 1]")
+_non_negative = _bounded(float, 0, math.inf, "must be a number >= 0")
+_ALERT_FLAGS = (
+    ("--stuck-after", "stuck_after_s", _duration, "no step completed for this long"),
+    ("--first-step-within", "first_step_within_s", _duration, "start-up allowance"),
+    ("--straggler-steps", "straggler_steps", _positive_int, "steps behind the run's furthest"),
+    ("--queue-full", "queue_full_fraction", _fraction, "queue fill that warns"),
+    ("--lag-p99-ms", "lag_p99_ms", _non_negative, "tee-to-record p99 lag that warns"),
+    ("--rank-gone-window", "rank_gone_window_s", _duration, "how far back a rank counts"),
+    ("--window", "window_s", _duration, "window of the counters' increase"),
+    ("--for-multiplier", "for_multiplier", _non_negative, "scales every rule's for:"),
+)
+
+
+def _run_alerts(args: argparse.Namespace) -> int:
+    from async_tee.alerts import AlertThresholds, alert_rules, render_rules
+
+    try:
+        thresholds = AlertThresholds(
+            **{dest: getattr(args, dest) for _, dest, _, _ in _ALERT_FLAGS}
+        )
+    except ValueError as exc:
+        print(f"async-tee alerts: {exc}", file=sys.stderr)
+        return 2
+    text = render_rules(thresholds)
+    if args.output is None:
+        print(text, end="")
+        return 0
+    with open(args.output, "w", encoding="utf-8") as out:
+        out.write(text)
+    print(f"async-tee alerts: wrote {len(alert_rules(thresholds))} rules to {args.output}")
+    return 0
 
 
 def _run_catalog(args: argparse.Namespace) -> int:
