@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from async_tee import _caller, _series
 from async_tee._caller import Snapshot
+from async_tee._declarations import OBSERVABLE_KINDS
 from async_tee._delivery import TRIGGERS, ExportCounts
 from async_tee._exporters import EXPORTER_KINDS, ExporterState, close_servers
 from async_tee._handoff import DropOldestQueue
@@ -52,6 +54,18 @@ FORK_PAUSE_S = 1.0
 SNAPSHOT_TTL_S = 0.02
 """How long the self-series' ``stats()`` snapshot serves a collection async_tee did not start
 (a Prometheus scrape): one collection's callbacks run together; scrapes come seconds apart."""
+
+
+def _non_finite_zeros(instruments: InstrumentRegistry, bound: int) -> dict[str, int]:
+    """A 0 for every series values are recorded into, up to ``bound`` of them.
+
+    ``stats()`` and ``async_tee.non_finite{series}`` start from these, so each such series'
+    count is exported at 0 from the first export and its first NaN is an increase
+    (docs/semantics.md §6).
+    """
+    created = instruments.instruments(RL_METRIC_GROUP) or {}
+    names = (s.spec.name for s in created.values() if s.spec.kind not in OBSERVABLE_KINDS)
+    return dict.fromkeys(itertools.islice(dict.fromkeys(names), bound), 0)
 
 
 def _ranks(settings: Settings) -> dict[str, Any]:
@@ -182,6 +196,7 @@ class Pipeline:
         if not ensure_metric_group_registered():
             raise RuntimeError("the rl metric group could not be registered (warned above)")
         self.instruments.create(RL_METRIC_GROUP)
+        self._non_finite_zeros = _non_finite_zeros(self.instruments, settings.max_attribute_sets)
         if settings.encoder == "tables":
             self._use_tables(built)
         self.recorder = RLRecorder.for_meter(self.meter)  # over this meter's registry, above
@@ -535,7 +550,7 @@ class Pipeline:
                 "rejected": rc.rejected,
                 "cardinality": rc.cardinality,
             },
-            "non_finite_by_series": dict(rc.non_finite_by_series),
+            "non_finite_by_series": {**self._non_finite_zeros, **rc.non_finite_by_series},
             "errors": {"tee": queue.caller_errors, "registry": rc.errors},
             "exports": self.export_counts.totals(),
             "exports_by_trigger": self.export_counts.snapshot(),

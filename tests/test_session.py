@@ -104,7 +104,8 @@ def test_stats_are_the_sessions_own():
     for stats in (first, second):
         assert stats["enqueued"] == 1
         assert stats["values_skipped"]["non_finite"] == 1  # not 2 in the second session
-        assert stats["non_finite_by_series"] == {"rl.reward.mean": 1}
+        counted = {name: n for name, n in stats["non_finite_by_series"].items() if n}
+        assert counted == {"rl.reward.mean": 1}  # the others are at 0 from the start
         assert stats["exporting"] is False
 
 
@@ -197,3 +198,31 @@ def test_a_disabled_session_has_the_reading_side_and_the_same_figures():
     assert session.shutdown(1)
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)  # a no-op
     assert async_tee.stats()["enqueued"] == 0
+
+
+def test_every_recorded_series_has_a_non_finite_count_from_the_first_export():
+    """A Prometheus ``increase(...) > 0`` rule fires on the first NaN only if the counter
+    existed before it: every recording series is exported at 0 from the first export."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        async_tee.start_telemetry(provider)
+        first = reader.get_metrics_data()
+        async_tee.shutdown_telemetry(5)
+    finally:
+        provider.shutdown()
+    points = {
+        point.attributes["series"]: point.value
+        for rm in first.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "async_tee.non_finite"
+        for point in metric.data.data_points
+    }
+    declared = {
+        row.name
+        for row in async_tee.vocabulary.teed_metrics()
+        if row.kind in ("gauge", "counter", "histogram", "up_down_counter")
+    }
+    assert declared <= set(points)  # before any tee call
+    assert set(points.values()) == {0}
