@@ -19,8 +19,10 @@ import pytest
 from async_tee import alerts, cli
 from async_tee.catalog import series_catalog
 
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="Debian's prometheus not installed")
+PROMTOOL = shutil.which("promtool") or "promtool"
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="Debian's prometheus not installed"
+)
 
 LABEL_NAMES = {"rl_rank", "rl_run_id"}  # resource attributes, on target_info
 METRIC = re.compile(r"\b((?:rl|async_tee)_[a-z0-9_]+)\b")
