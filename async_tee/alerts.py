@@ -174,6 +174,15 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
     def compared(quantity: str, threshold: float) -> str:
         return f"{without_selector(quantity)} > {threshold:g}"
 
+    def rose(counter: str) -> str:
+        """A counter's series that rose within the window.
+
+        An increase, or a series new in the window and above 0: its first sample came
+        after its first event (a scrape that follows a NaN logged at start-up).
+        """
+        plain = without_selector(counter)
+        return f"(increase({plain}[{window}]) > 0 or ({plain} > 0 unless {plain} offset {window}))"
+
     stuck = f"(time() - {step_time}{_where()}) * {IDENTITY}"
     steps = f"({step}{_where()} * {IDENTITY})"
     straggler = f"max by (rl_run_id) {steps} - on (rl_run_id) group_right () {steps}"
@@ -230,7 +239,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
         AlertRule(
             "RLNonFiniteValues",
             "warning",
-            compared(non_finite_q, 0),
+            f"{rose(non_finite + _where())} * {IDENTITY}",
             for_(0),
             "A training series received NaN or infinite values",
             f"{_RANK}: {{{{ $value }}}} non-finite values of {{{{ $labels.series }}}} in "
@@ -257,7 +266,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
         AlertRule(
             "AsyncTeeExportsFailing",
             "warning",
-            compared(f"{failed} * {IDENTITY}", 0),
+            f"sum without (trigger) {rose(exports + failures)} * {IDENTITY}",
             for_(0),
             "Exports of training telemetry failed",
             f"{_RANK}: {{{{ $value }}}} failed exports in the last {window} (seen once "
@@ -271,7 +280,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
         AlertRule(
             "AsyncTeeDropping",
             "warning",
-            compared(dropped_q, 0),
+            f"{rose(dropped + _where())} * {IDENTITY}",
             for_(0),
             "The tee dropped logged dicts",
             f"{_RANK}: {{{{ $value }}}} dicts dropped ({{{{ $labels.reason }}}}) in the "

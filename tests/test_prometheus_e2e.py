@@ -60,11 +60,20 @@ def free_ports(count: int) -> int:
 
 
 @contextlib.contextmanager
-def run_prometheus(tmp_path: Path, jobs: dict[str, list[int]]) -> Iterator[int]:
-    """A real Prometheus scraping each job's ports every second; yields its web port."""
+def run_prometheus(
+    tmp_path: Path, jobs: dict[str, list[int]], rules: str | None = None
+) -> Iterator[int]:
+    """A real Prometheus scraping each job's ports every second; yields its web port.
+
+    ``rules``: a rules file's text, evaluated every second.
+    """
     web = free_port()
     config = tmp_path / "prometheus.yml"
-    lines = ["global:", "  scrape_interval: 1s", "scrape_configs:"]
+    lines = ["global:", "  scrape_interval: 1s", "  evaluation_interval: 1s"]
+    if rules is not None:
+        (tmp_path / "rules.yml").write_text(rules)
+        lines += ["rule_files:", f"  - {tmp_path / 'rules.yml'}"]
+    lines += ["scrape_configs:"]
     for job, ports in jobs.items():
         targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
@@ -286,3 +295,76 @@ def test_every_rank_of_every_launcher_family_is_scraped_under_its_own_rank(tmp_p
     for key, proc in procs.items():
         assert proc.returncode == 0, key
         assert ends[key] == {"delivered": True}, key  # every exporter served to the end
+
+
+def firing_and_pending(web: int) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{web}/api/v1/alerts"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)["data"]["alerts"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_generated_alerts_fire_in_a_real_prometheus(tmp_path):
+    """Three ranks of one torchrun job: rank 0 healthy, rank 1 stops stepping after 3 steps
+    (still serving), rank 2 logs one NaN ``grad_norm``. The stuck rule goes pending, then
+    firing, for rank 1 alone; the non-finite rule fires for rank 2; nothing ever names
+    rank 0. Rules from ``async-tee alerts`` with short thresholds, evaluated every second."""
+    from async_tee import alerts
+
+    thresholds = alerts.AlertThresholds(stuck_after_s=2, for_multiplier=2 / 300)
+    base = free_ports(3)
+    argv = {
+        0: ["--nan-step", "0"],
+        1: ["--nan-step", "0", "--steps", "3"],
+        2: ["--nan-step", "2"],
+    }
+    procs: dict[int, subprocess.Popen[str]] = {}
+    seen: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    with run_prometheus(
+        tmp_path, {"train": [base + r for r in range(3)]}, alerts.render_rules(thresholds)
+    ) as web:
+        try:
+            for rank, extra in argv.items():
+                env = {**_rank_env("torchrun", rank, base), "WORLD_SIZE": "3"}
+                procs[rank] = subprocess.Popen(
+                    [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *extra],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            assert procs[1].stdout is not None
+            stopped_stepping = json.loads(procs[1].stdout.readline())  # its 3 steps are done
+            assert stopped_stepping["steps"] == 3
+            last_step = time.monotonic()
+
+            def states(name: str, rank: str) -> set[str]:
+                return {state for _, state in seen.get((name, rank), [])}
+
+            deadline = last_step + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    for alert in firing_and_pending(web):
+                        key = (alert["labels"]["alertname"], alert["labels"].get("rl_rank", ""))
+                        seen.setdefault(key, []).append((time.monotonic(), alert["state"]))
+                if "firing" in states("RLTrainerStuck", "1") and "firing" in states(
+                    "RLNonFiniteValues", "2"
+                ):
+                    break
+                time.sleep(0.2)  # polling an external server, not waiting for our worker
+            for rank in (0, 2):  # both still stepping: stop them
+                assert procs[rank].stdin is not None
+                procs[rank].stdin.write("stop\n")
+                procs[rank].stdin.flush()
+        finally:
+            ends = _end(procs)
+    assert states("RLTrainerStuck", "1") == {"pending", "firing"}, seen
+    stuck = seen[("RLTrainerStuck", "1")]
+    assert stuck[0][1] == "pending"  # pending before firing: the rule's for:
+    assert "firing" in states("RLNonFiniteValues", "2"), seen
+    assert not [key for key in seen if key[1] == "0"], seen  # the healthy rank: nothing, ever
+    assert {name for name, _ in seen} <= {"RLTrainerStuck", "RLNonFiniteValues", "RLStraggler"}
+    fired = next(at for at, state in stuck if state == "firing") - last_step
+    print(f"stuck: fired {fired:.1f} s after the last step (threshold 2 s, for 2 s)")
+    assert all(end == {"delivered": True} for end in ends.values()), ends
