@@ -59,6 +59,7 @@ class _PanelSpec:
     legend: str
     unit: str = "short"
     kind: str = "timeseries"  # or "stat", "bargauge" (both instant queries)
+    threshold: float | None = None  # drawn as a line: an alert rule's
 
 
 def _by_rank(expr: str) -> str:
@@ -203,13 +204,36 @@ def _row_of(entry: CatalogEntry) -> str:
     return "other"
 
 
+_ALERTS_ROW = _Row("Alerts: what each rule of `async-tee alerts` compares", False, _generic)
+_MATCHERS = 'job=~"$job", instance=~"$instance"'
+
+
+def _alert_panels() -> list[_PanelSpec]:
+    """One panel per alert rule with a quantity: that quantity, its threshold a line."""
+    from async_tee.alerts import alert_rules, with_selector
+
+    return [
+        _PanelSpec(
+            f"{rule.name}: {rule.summary}",
+            f"Alert {rule.name} ({rule.severity}) fires when this is above {rule.threshold:g} "
+            f"for {rule.for_s:g} s. {rule.look_at}",
+            with_selector(rule.quantity, _MATCHERS),  # every rank: as the rule sees them
+            "rank {{rl_rank}} {{instance}}",
+            threshold=rule.threshold,
+        )
+        for rule in alert_rules()
+        if rule.quantity is not None and rule.threshold is not None
+    ]
+
+
 def _layout(entries: Sequence[CatalogEntry]) -> list[tuple[_Row, list[_PanelSpec]]]:
-    """The rows that have panels, in ``_ROWS`` order, each with its panels."""
+    """The alerts row, then the rows that have panels, in ``_ROWS`` order, each with its panels."""
     grouped: dict[str, list[_PanelSpec]] = {key: [] for key in _ROWS}
     for entry in entries:
         key = _row_of(entry)
         grouped[key] += _ROWS[key].panels(entry)
-    return [(_ROWS[key], panels) for key, panels in grouped.items() if panels]
+    rows = [(_ROWS[key], panels) for key, panels in grouped.items() if panels]
+    return [(_ALERTS_ROW, _alert_panels()), *rows]
 
 
 def _require_sdk() -> None:
@@ -250,6 +274,14 @@ def _sdk_dashboard(datasource: str, layout: list[tuple[_Row, list[_PanelSpec]]])
             .type("prometheus")
             .current(models.VariableOption(text=datasource, value=datasource))
         )
+        .annotation(
+            dashboard.AnnotationQuery()
+            .name("Firing alerts")
+            .datasource(ref)
+            .expr('ALERTS{alertstate="firing"}')
+            .icon_color("red")
+            .enable(True)
+        )
     )
     for name, query in _REGEX_VARIABLES.items():
         board = board.with_variable(
@@ -278,6 +310,21 @@ def _sdk_dashboard(datasource: str, layout: list[tuple[_Row, list[_PanelSpec]]])
             )
         else:
             built = timeseries.Panel()
+            if spec.threshold is not None:
+                built = built.thresholds(
+                    dashboard.ThresholdsConfig()
+                    .mode(models.ThresholdsMode("absolute"))
+                    .steps(
+                        [
+                            models.Threshold(value=None, color="green"),
+                            models.Threshold(value=spec.threshold, color="red"),
+                        ]
+                    )
+                ).thresholds_style(
+                    common.GraphThresholdsStyleConfig().mode(
+                        common_models.GraphThresholdsStyleMode("dashed")
+                    )
+                )
         built = (
             built.id(next(ids))
             .title(spec.title)

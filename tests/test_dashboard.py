@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("grafana_foundation_sdk")
 
 import async_tee
-from async_tee import cli, dashboard
+from async_tee import alerts, cli, dashboard
 from async_tee.catalog import series_catalog
 from async_tee.vocabulary import RecordedMetric, TeedMetric
 
@@ -63,12 +63,31 @@ def test_json_round_trips_with_the_four_variables_and_the_datasource_everywhere(
 
 
 def test_every_catalog_series_is_queried_and_every_query_joins_the_rank():
-    queries = dashboard.panel_queries(dashboard.build_dashboard())
+    board = dashboard.build_dashboard()
+    queries = dashboard.panel_queries(board)
     for entry in series_catalog():
         pattern = rf"\b{re.escape(entry.prometheus_name)}(_bucket)?\{{"
         assert any(re.search(pattern, q) for q in queries), entry.prometheus_name
-    for query in queries:
-        assert query.count(RANK_JOIN) == 1, query
+    for row, panel in leaf_panels(board):
+        if not row.startswith("Alerts"):  # the rules' own join: every rank, with its run
+            assert panel["targets"][0]["expr"].count(RANK_JOIN) == 1, panel["title"]
+
+
+def test_the_alerts_row_plots_what_each_rule_compares_and_firing_alerts_annotate():
+    board = dashboard.build_dashboard()
+    panels = panels_by_title(board)
+    plotted = [rule for rule in alerts.alert_rules() if rule.quantity is not None]
+    assert len(plotted) >= 8
+    for rule in plotted:
+        row, panel = panels[f"{rule.name}: {rule.summary}"]
+        assert row.startswith("Alerts")
+        expr = panel["targets"][0]["expr"]
+        assert expr == alerts.with_selector(rule.quantity, 'job=~"$job", instance=~"$instance"')
+        assert alerts.without_selector(rule.quantity) in rule.expr or "increase(" in expr
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps[-1]["value"] == rule.threshold
+    (annotation,) = board["annotations"]["list"]
+    assert annotation["expr"] == 'ALERTS{alertstate="firing"}'
 
 
 def test_the_families_land_in_their_rows_with_their_query_shapes():
