@@ -19,7 +19,8 @@ and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps t
 telemetry threads make in a pure-Python training thread through the GIL, off against
 on, at 1, 10 and 100 teed steps a second, built from the tables and the SDK's way),
 ``bench_scale.py`` (the same gaps and the threads' CPU with 30 to 3,000 series and 10 or
-500 efficiency categories, both ways) and ``bench_handover.py`` (how long the threads'
+500 efficiency categories, both ways), ``bench_alerts.py`` (seconds from an event to its
+alert firing in a real Prometheus) and ``bench_handover.py`` (how long the threads'
 GIL hand-over sleep must be for a busy training thread to take the GIL). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
 (``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_alerts
 import bench_export
 import bench_handover
 import bench_latency
@@ -68,6 +70,7 @@ SECTIONS: dict[str, Section] = {
     "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
     "scale": ("Scale: series and categories, tables and SDK (bench_scale.py)", bench_scale.section),
     "handover": ("GIL hand-over sleep (bench_handover.py)", bench_handover.section),
+    "alerts": ("Alerts: from the event to firing (bench_alerts.py)", bench_alerts.section),
 }
 PARTS = tuple(SECTIONS)
 # The scripts, and the parts each one's report holds: bench_latency.py measures both
@@ -83,6 +86,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "stolen": ("stolen",),
     "scale": ("scale",),
     "handover": ("handover",),
+    "alerts": ("alerts",),
 }
 COMMAND = "pip install '.[bench-full]' && python benchmarks/run_all.py"
 

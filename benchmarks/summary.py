@@ -145,6 +145,19 @@ def _scale_rows(results: dict[str, Any]) -> Iterator[Row]:
         )
 
 
+def _alerts_rows(results: dict[str, Any]) -> Iterator[Row]:
+    rows = _part(results, "alerts").get("rows", [])
+    fired = [r for r in rows if r["firing_s"]]
+    if fired:
+        yield (
+            "alert from the event to firing, real Prometheus (1 s scrape and evaluation), median s",
+            ", ".join(f"`{r['rule']}` {r['firing_s']['median']:.1f}" for r in fired),
+            "the rules' own threshold + `for:`: "
+            + ", ".join(f"{r['own_s']:.1f}" for r in fired)
+            + " (short test thresholds)",
+        )
+
+
 def _export_rows(results: dict[str, Any]) -> Iterator[Row]:
     cells = _part(results, "export").get("cells", [])
     by_step: dict[float, dict[str, float]] = {}
@@ -188,6 +201,7 @@ def render(results: dict[str, Any]) -> str:
         *_scale_rows(results),
         *_export_rows(results),
         *_memory_rows(results),
+        *_alerts_rows(results),
     ]
     lines = ["| measure | this run | against |", "|---|---|---|"]
     lines += [f"| {what} | {figure} | {against} |" for what, figure, against in rows]
