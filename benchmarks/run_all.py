@@ -28,7 +28,7 @@ goes to a temp dir, deleted afterwards; this script merges every part into ``--o
 the issue's targets with whether each holds) and ``latency.png`` (``plot.py``). A full run
 into ``results/latest.json`` then regenerates the README's summary table (``summary.py``).
 
-Full: about 16 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+Full: about 20 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
