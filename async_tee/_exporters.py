@@ -12,6 +12,7 @@ and the exporters are imported inside the builders, so importing this module loa
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -152,18 +153,22 @@ def _otlp_exporter(settings: Settings) -> Any:
     )
 
     from async_tee._encode import takes_requests
-    from async_tee._http_session import ExporterSession
+    from async_tee._http_session import ExporterSession, exporter_transport
 
-    session = ExporterSession()  # abortable, pinned to its certificate, honours Retry-After
+    # Abortable, pinned to its certificate, honouring Retry-After: the SDK's urllib3
+    # transport where the SDK takes one and no proxy applies, else a requests session.
+    takes_transport = "_transport" in inspect.signature(HTTPMetricExporter.__init__).parameters
+    transport = exporter_transport(settings.otlp_endpoint) if takes_transport else None
+    sender = transport if transport is not None else ExporterSession()
     http_class = takes_requests(HTTPMetricExporter)
     exporter: Any = (http_class or HTTPMetricExporter)(
         endpoint=settings.otlp_endpoint,
         headers=headers,
         timeout=settings.otlp_timeout_s,
         compression=Compression(settings.otlp_compression),
-        session=session,
+        **({"session": sender} if transport is None else {"_transport": transport}),
     )
-    exporter.async_tee_session = session  # the reader's handle on it
+    exporter.async_tee_session = sender  # the reader's handle on it
     exporter.async_tee_takes_requests = http_class is not None
     return exporter
 

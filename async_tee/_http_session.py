@@ -1,8 +1,12 @@
-"""The OTLP/HTTP exporter's ``requests`` session: abortable, pinned to its certificate, polite.
+"""How the OTLP/HTTP exporter sends: abortable, pinned to its certificate, polite.
 
-The SDK's OTLP/HTTP exporter sends through a ``requests.Session``; async_tee hands it this
-one (imported only when that exporter is built), which adds three things the plain session
-lacks (docs/semantics.md §7):
+The SDK's OTLP/HTTP exporter sends through a transport. async_tee hands it
+:class:`ExporterTransport`, the SDK's own ``urllib3`` transport with the three additions
+below, where the SDK takes a transport and no proxy applies to the endpoint (``urllib3``
+reads no proxy variables); else :class:`ExporterSession`, a ``requests`` session with the
+same additions (``requests`` honours ``HTTPS_PROXY`` and ``NO_PROXY``). The transport costs
+the exporting thread about a third of the session's CPU per export (``bench_export``'s
+``http`` cells). Imported only when that exporter is built (docs/semantics.md §7):
 
 - **Abortable.** Every connection it opens is tracked; :meth:`ExporterSession.abort` shuts
   their sockets down, which ends a request blocked on a stalled collector at once. A
@@ -21,12 +25,15 @@ lacks (docs/semantics.md §7):
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
 import weakref
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -41,6 +48,28 @@ MAX_RETRY_AFTER_S = 600.0
 _RETRY_STATUSES = (429, 503)
 
 
+def _tracking_pools(opened: weakref.WeakSet[HTTPConnection]) -> dict[str, type]:
+    """``urllib3`` pool classes whose connections record themselves in ``opened``."""
+
+    class Tracked(HTTPConnection):
+        def connect(self) -> None:
+            opened.add(self)
+            super().connect()
+
+    class TrackedTLS(HTTPSConnection):
+        def connect(self) -> None:
+            opened.add(self)
+            super().connect()
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Tracked
+
+    class PoolTLS(HTTPSConnectionPool):
+        ConnectionCls = TrackedTLS
+
+    return {"http": Pool, "https": PoolTLS}
+
+
 class _TrackingAdapter(HTTPAdapter):
     """An adapter whose pools record every connection they open (weakly)."""
 
@@ -50,28 +79,51 @@ class _TrackingAdapter(HTTPAdapter):
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
-        opened = self.connections
-
-        class Tracked(HTTPConnection):
-            def connect(self) -> None:
-                opened.add(self)
-                super().connect()
-
-        class TrackedTLS(HTTPSConnection):
-            def connect(self) -> None:
-                opened.add(self)
-                super().connect()
-
-        class Pool(HTTPConnectionPool):
-            ConnectionCls = Tracked
-
-        class PoolTLS(HTTPSConnectionPool):
-            ConnectionCls = TrackedTLS
-
-        self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": PoolTLS}
+        self.poolmanager.pool_classes_by_scheme = _tracking_pools(self.connections)
 
 
-class ExporterSession(requests.Session):
+class _Polite:
+    """What both ways of sending keep: a ``Retry-After``, the last error, and abort."""
+
+    def _start_polite(self) -> None:
+        self.not_before = 0.0  # monotonic: no export before this (a Retry-After)
+        self.last_error = ""  # the last failed request's status or exception, redactable
+        self.aborted = False  # abort() ran: every request fails at once
+        self._lock = threading.Lock()
+
+    def _note_answer(self, status: int, reason: str | None, retry_after: str | None) -> None:
+        """Remember a failed answer; a ``429``/``503`` with ``Retry-After`` sets ``not_before``."""
+        if status < 400:
+            self.last_error = ""
+            return
+        self.last_error = f"HTTP {status} {reason}"
+        if status not in _RETRY_STATUSES:
+            return
+        wait = retry_after_s(retry_after)
+        if wait is None:
+            return
+        with self._lock:
+            self.not_before = max(self.not_before, time.monotonic() + wait)
+        warn_once(
+            "export:retry-after",
+            "async_tee: the collector answered %d with Retry-After %.0f s: exports wait until "
+            "then (the newest step goes first), and every later such answer is honoured",
+            status,
+            wait,
+            traceback=False,
+        )
+
+    def _shut_down_sockets(self, connections: weakref.WeakSet[HTTPConnection]) -> None:
+        self.aborted = True
+        for connection in list(connections):
+            sock = getattr(connection, "sock", None)
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class ExporterSession(requests.Session, _Polite):
     """The session the OTLP/HTTP exporter sends through (see the module's docstring)."""
 
     def __init__(self) -> None:
@@ -79,10 +131,7 @@ class ExporterSession(requests.Session):
         self._adapter = _TrackingAdapter()
         self.mount("http://", self._adapter)
         self.mount("https://", self._adapter)
-        self.not_before = 0.0  # monotonic: no export before this (a Retry-After)
-        self.last_error = ""  # the last failed request's status or exception, redactable
-        self.aborted = False  # abort() ran: every request fails at once
-        self._lock = threading.Lock()
+        self._start_polite()
         self.hooks["response"].append(self._on_response)
 
     def merge_environment_settings(
@@ -105,24 +154,8 @@ class ExporterSession(requests.Session):
             raise
 
     def _on_response(self, response: requests.Response, *_: Any, **__: Any) -> None:
-        if response.status_code < 400:
-            self.last_error = ""
-            return
-        self.last_error = f"HTTP {response.status_code} {response.reason}"
-        if response.status_code not in _RETRY_STATUSES:
-            return
-        wait = retry_after_s(response.headers.get("Retry-After"))
-        if wait is None:
-            return
-        with self._lock:
-            self.not_before = max(self.not_before, time.monotonic() + wait)
-        warn_once(
-            "export:retry-after",
-            "async_tee: the collector answered %d with Retry-After %.0f s: exports wait until "
-            "then (the newest step goes first), and every later such answer is honoured",
-            response.status_code,
-            wait,
-            traceback=False,
+        self._note_answer(
+            response.status_code, response.reason, response.headers.get("Retry-After")
         )
 
     def abort(self) -> None:
@@ -131,17 +164,78 @@ class ExporterSession(requests.Session):
         Every request after it fails at once (the exporter would otherwise retry on a new
         connection, and block again).
         """
-        self.aborted = True
-        for connection in list(self._adapter.connections):
-            sock = getattr(connection, "sock", None)
-            if sock is None:
-                continue
-            with contextlib.suppress(OSError):  # already closed
-                sock.shutdown(socket.SHUT_RDWR)
+        self._shut_down_sockets(self._adapter.connections)
         try:
             self.close()
         except Exception:  # noqa: BLE001 - aborting must not raise at shutdown
             warn_once("export:abort", "async_tee: closing the OTLP/HTTP session failed")
+
+
+def exporter_transport(endpoint: str) -> Any:
+    """An :class:`ExporterTransport` for ``endpoint``, or None where a session must send.
+
+    None when this SDK's exporter takes no transport, or a proxy variable applies to the
+    endpoint (only ``requests`` reads them).
+    """
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import (
+            Urllib3HTTPResult,
+            Urllib3HTTPTransport,
+        )
+        from urllib3.exceptions import ProtocolError
+    except ImportError:
+        return None
+    parts = urlsplit(endpoint)
+    proxies = getproxies()
+    if proxies.get(parts.scheme) and not proxy_bypass(parts.hostname or ""):
+        return None
+    verify, cert = _tls_from_environment()
+
+    class ExporterTransport(Urllib3HTTPTransport, _Polite):
+        """The SDK's ``urllib3`` transport, abortable and polite (the module's docstring)."""
+
+        def __init__(self) -> None:
+            super().__init__(verify=verify, cert=cert)
+            self.connections: weakref.WeakSet[HTTPConnection] = weakref.WeakSet()
+            self._pool.pool_classes_by_scheme = _tracking_pools(self.connections)
+            self._start_polite()
+
+        def request(self, method: str, url: str, **kwargs: Any) -> Any:
+            if self.aborted:  # the exporter retries a connection error at once: not any more
+                return Urllib3HTTPResult(error=ProtocolError("the transport was aborted"))
+            result = super().request(method, url, **kwargs)
+            if result.error is not None or result.status_code is None:
+                self.last_error = f"{type(result.error).__name__}: {result.error}"
+            else:
+                headers = result.headers()
+                self._note_answer(result.status_code, result.reason, headers.get("retry-after"))
+            return result
+
+        def abort(self) -> None:
+            """Shut every open connection's socket down; every later request fails at once."""
+            self._shut_down_sockets(self.connections)
+            try:
+                self._pool.clear()
+            except Exception:  # noqa: BLE001 - aborting must not raise at shutdown
+                warn_once("export:abort", "async_tee: closing the OTLP/HTTP transport failed")
+
+    return ExporterTransport()
+
+
+def _tls_from_environment() -> tuple[bool | str, str | tuple[str, str] | None]:
+    """The certificate and client certificate the SDK's exporter would read, in its order."""
+    env = os.environ
+
+    def first(*names: str) -> str | None:
+        return next((env[name] for name in names if env.get(name)), None)
+
+    verify = first("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+    key = first("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY")
+    client = first(
+        "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+    )
+    cert = (client, key) if client and key else client
+    return verify or True, cert
 
 
 def retry_after_s(value: str | None) -> float | None:

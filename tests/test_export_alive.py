@@ -105,10 +105,23 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def _through_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTLP/HTTP through the requests session, as where a proxy variable applies."""
+    from async_tee import _http_session
+
+    monkeypatch.setattr(_http_session, "exporter_transport", lambda _endpoint: None)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/protobuf via requests"])
 @pytest.mark.parametrize("collector", ["stalled", "black hole"])
-def test_timed_out_shutdowns_give_back_every_thread_and_socket(sink, protocol, collector):
+def test_timed_out_shutdowns_give_back_every_thread_and_socket(
+    sink, protocol, collector, monkeypatch
+):
     import socket
+
+    if protocol.endswith("via requests"):
+        _through_requests(monkeypatch)
+        protocol = "http/protobuf"
 
     with socket.socket() as hole:  # accepts connections into its backlog, never answers
         hole.bind(("127.0.0.1", 0))
@@ -203,7 +216,12 @@ def test_a_failing_exporter_that_recovers_says_so_once(sink, caplog):
     assert async_tee.shutdown_telemetry(5)
 
 
-def test_retry_after_holds_exports_until_it_ends_and_the_newest_step_goes_first(sink, caplog):
+@pytest.mark.parametrize("sender", ["transport", "requests"])
+def test_retry_after_holds_exports_until_it_ends_and_the_newest_step_goes_first(
+    sink, caplog, monkeypatch, sender
+):
+    if sender == "requests":
+        _through_requests(monkeypatch)
     async_tee.start_telemetry(
         environ={
             "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,

@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import requests
 
-from async_tee._http_session import MAX_RETRY_AFTER_S, ExporterSession, retry_after_s
+from async_tee._http_session import (
+    MAX_RETRY_AFTER_S,
+    ExporterSession,
+    exporter_transport,
+    retry_after_s,
+)
 
 
 def _verify_for(session: requests.Session) -> object:
@@ -111,12 +116,29 @@ def tls_receiver(tmp_path):
         thread.join(5)
 
 
+def test_the_transport_sends_unless_a_proxy_applies(monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    url = "http://collector:4318/v1/metrics"
+    transport = exporter_transport(url)
+    assert transport is not None
+    assert (transport.not_before, transport.last_error, transport.aborted) == (0.0, "", False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")  # only requests reads it
+    assert exporter_transport(url) is None
+    monkeypatch.setenv("NO_PROXY", "collector")
+    assert exporter_transport(url) is not None
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("sender", ["transport", "session"])
 def test_exports_use_the_configured_certificate_even_with_requests_ca_bundle_set(
-    tls_receiver, monkeypatch
+    tls_receiver, monkeypatch, sender
 ):
     import async_tee
+    from async_tee import _http_session
 
+    if sender == "session":  # as where a proxy applies
+        monkeypatch.setattr(_http_session, "exporter_transport", lambda _endpoint: None)
     endpoint, cert, received = tls_receiver
     # The SDK's exporter reads its certificate from the process environment.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
