@@ -183,10 +183,11 @@ class Receiver:
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
-        if not line.strip().isdigit():
+        ports = line.split()
+        if len(ports) != 2 or not all(port.isdigit() for port in ports):
             self.close()
             raise RuntimeError(f"receiver did not start (printed {line!r})")
-        self.port = int(line)
+        self.port, self.http_port = int(ports[0]), int(ports[1])  # gRPC, OTLP/HTTP
 
     def close(self) -> None:
         """Close its stdin and wait for it to exit; kill it after 5 s."""

@@ -1,7 +1,8 @@
 """A real OTLP receiver in its own process, for the benchmarks (``_common.Receiver``).
 
-Usage: ``python benchmarks/_receiver.py [--stall]``. Starts an ``OtlpSink`` on an ephemeral
-gRPC port, prints that port on stdout (one line), optionally stalls every export, and runs
+Usage: ``python benchmarks/_receiver.py [--stall]``. Starts an ``OtlpSink`` on ephemeral
+gRPC and HTTP ports, prints them on stdout (one line: gRPC, then HTTP), optionally stalls
+every export, and runs
 until its stdin closes (the benchmark closes it, or dies). Running the receiver in another
 process keeps its decoding work off the benchmark's GIL.
 """
@@ -14,10 +15,10 @@ from async_tee.sink import OtlpSink
 
 
 def main() -> int:
-    sink = OtlpSink(grpc_port=0, max_points=10_000).start()
+    sink = OtlpSink(grpc_port=0, http_port=0, max_points=10_000).start()
     if "--stall" in sys.argv[1:]:
         sink.stall()
-    print(sink.grpc_port, flush=True)
+    print(sink.grpc_port, sink.http_port, flush=True)
     try:
         sys.stdin.read()  # returns at EOF: the benchmark closed the pipe or exited
     finally:

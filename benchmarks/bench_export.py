@@ -21,6 +21,10 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   collection and encoding, the reference; ``step`` and ``periodic`` build it from
   async_tee's tables (``_table_encode``, the default: their ``collect`` column stays
   empty, the build being in the worker's or the exporting thread's CPU).
+- ``http``: as ``step``, over OTLP/HTTP (the receiver's HTTP port): sent through the SDK's
+  ``urllib3`` transport, as async_tee builds it; ``http-requests``: the same through the
+  ``requests`` session async_tee uses where a proxy variable applies (no gRPC thread in
+  either: ``threads`` is the worker, the exporting thread and the receiver-less rest).
 
 Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 2.3 min). ``--quick``: 2 steps
 of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
@@ -96,12 +100,13 @@ from _common import (
 )
 
 import async_tee
-from async_tee import testing
+from async_tee import _http_session, testing
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-MODES = ("step", "periodic", "sdk")
-STEP_MODES = ("step", "sdk")  # every export a step export; "sdk" builds it with the SDK
+MODES = ("step", "periodic", "sdk", "http", "http-requests")
+STEP_MODES = ("step", "sdk", "http", "http-requests")  # every export a step export
+HTTP_MODES = ("http", "http-requests")  # OTLP/HTTP: the urllib3 transport, or requests
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
@@ -259,7 +264,7 @@ def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
     env = {
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf" if mode in HTTP_MODES else "grpc",
     }
     env["ASYNC_TEE_ENCODER"] = "sdk" if mode == "sdk" else "tables"
     if mode in STEP_MODES:
@@ -322,7 +327,12 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
     setup, calls = fixture_calls()
     logger = async_tee.Logger()
     environ = environ_for(mode, step_s, port)
-    handle = async_tee.start_telemetry(environ=environ)
+    with contextlib.ExitStack() as sender:
+        if mode == "http-requests":  # as where a proxy variable applies
+            original = _http_session.exporter_transport
+            _http_session.exporter_transport = lambda _endpoint: None  # type: ignore[assignment]
+            sender.callback(setattr, _http_session, "exporter_transport", original)
+        handle = async_tee.start_telemetry(environ=environ)
     if not isinstance(handle, async_tee.Pipeline) or not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
     threads = list(handle.threads)
@@ -684,11 +694,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK_CELLS if args.quick else FULL_CELLS
     cells = []
     with contextlib.ExitStack() as stack:
-        port = start_receiver(stack).port
+        receiver = start_receiver(stack)
         for step_s, steps in plan:
             for mode in MODES:
                 warmup_s = warmup_ns(mode, step_s) / 1e9
                 progress(f"{step_s:g} s steps, {mode}: {steps} steps after {warmup_s:g} s warm-up")
+                port = receiver.http_port if mode in HTTP_MODES else receiver.port
                 cell = run_cell(mode, step_s, steps, port)
                 cells.append(cell)
                 for warning in cell["warnings"]:
