@@ -21,12 +21,12 @@ StatsSource = Callable[[], Mapping[str, Any]]
 
 
 def _observe(stats: StatsSource, series: _series.Series) -> Callable[..., list[Observation]]:
+    from opentelemetry.metrics import Observation
+
     path = series.stats_field.split(".")  # "steps.coalesced" reads stats()["steps"]["coalesced"]
     split_by = series.attributes
 
     def callback(_options: CallbackOptions) -> list[Observation]:
-        from opentelemetry.metrics import Observation
-
         value: Any = stats()
         for part in path:
             value = value[part]

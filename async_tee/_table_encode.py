@@ -14,7 +14,7 @@ has none. Imported only when async_tee builds an OTLP exporter.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from async_tee.registry import InstrumentRegistry, _Series
 
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+SPEND_EVERY = 16
+"""Points gathered or written between two offers of the GIL (``_gil``); a series with more
+points is one unit, and an observable callback always is."""
 _SUMS = {"observable_counter": True, "observable_up_down_counter": False}
 
 
@@ -62,7 +65,7 @@ class TableEncoder:
         self._scope = (scope_name, scope_version)
         self._starts: dict[tuple[str, Any], int] = {}  # (series, attribute key): first export
         self._request: Any = None  # the last request built, kept for updates in place
-        self._shape: tuple[tuple[int, frozenset[Any]], ...] = ()  # its series and their sets
+        self._shape: tuple[tuple[int, KeysView[Any]], ...] = ()  # its series and their sets
         self._messages: dict[tuple[int, Any], Any] = {}  # its point messages by series, set
 
     def request(self, timeout_s: float | None = None) -> Any:
@@ -75,7 +78,7 @@ class TableEncoder:
         now = time.time_ns()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         entries = self._gather(deadline)
-        shape = tuple((index, frozenset(points)) for index, _, _, points in entries)
+        shape = tuple((index, points.keys()) for index, _, _, points in entries)  # set-like
         if self._request is None or shape != self._shape:
             self._request = self._build(entries)
             self._shape = shape
@@ -86,8 +89,8 @@ class TableEncoder:
 
     def _gather(
         self, deadline: float | None = None
-    ) -> list[tuple[int, _Series, bool | None, dict[Any, tuple[Any, Any]]]]:
-        """Each series with points: (index, series, monotonic, {attribute key: (attrs, v)}).
+    ) -> list[tuple[int, _Series, bool | None, Mapping[Any, tuple[Any, Any]]]]:
+        """Each series with points: (index, series, monotonic, {attribute key: (v, attrs)}).
 
         Raises:
             TimeoutError: The callbacks ran past ``deadline`` (monotonic), as the SDK's
@@ -96,6 +99,7 @@ class TableEncoder:
         spend = budget().spend
         entries = []
         index = -1
+        unspent = 0  # points gathered since the last spend: a slice every SPEND_EVERY
         for group in self._groups:
             for series in (self._registry.instruments(group) or {}).values():
                 index += 1
@@ -106,10 +110,14 @@ class TableEncoder:
                     found = None
                 if found is not None and found[1]:
                     entries.append((index, series, found[0], found[1]))
-                late = deadline is not None and time.monotonic() > deadline
-                if late and isinstance(series, _Observed):
-                    raise TimeoutError("the observable callbacks ran past the timeout")
-                spend()
+                    unspent += len(found[1])
+                if isinstance(series, _Observed):  # an owner's callback: its own unit
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError("the observable callbacks ran past the timeout")
+                    unspent = SPEND_EVERY
+                if unspent >= SPEND_EVERY:
+                    spend()
+                    unspent = 0
         return entries
 
     def _build(self, entries: list[Any]) -> Any:
@@ -135,9 +143,10 @@ class TableEncoder:
                 data = metric.sum
                 data.aggregation_temporality = _CUMULATIVE
                 data.is_monotonic = monotonic
-            for key, (attributes, _value) in points.items():
+            for key, (_value, attributes) in points.items():
                 point = data.data_points.add()
-                point.attributes.extend(_key_value(k, v) for k, v in attributes.items())
+                mapping = getattr(attributes, "mapping", attributes)  # FrozenAttributes, or a dict
+                point.attributes.extend(_key_value(k, v) for k, v in mapping.items())
                 self._messages[(index, key)] = point
             spend()
         return request
@@ -146,10 +155,15 @@ class TableEncoder:
         """Write every point's value and times into its message of the kept request."""
         messages = self._messages
         spend = budget().spend
+        unspent = 0
         for index, series, monotonic, points in entries:
+            unspent += len(points)
+            if unspent >= SPEND_EVERY:
+                spend()
+                unspent = 0
             name = series.spec.name
             histogram = isinstance(series, _Histogram)
-            for key, (_attributes, value) in points.items():
+            for key, (value, _attributes) in points.items():
                 point = messages[(index, key)]
                 point.time_unix_nano = now
                 if histogram:
@@ -161,33 +175,39 @@ class TableEncoder:
                     point.as_int = value
                 else:
                     point.as_double = float(value)
-            spend()
 
     def _start(self, name: str, key: Any, now: int) -> int:
         return self._starts.setdefault((name, key), now)
 
 
-def _points_of(series: _Series) -> tuple[bool | None, dict[Any, tuple[Any, Any]]] | None:
-    """A series' points now: (monotonic or None for a gauge, {key: (attributes, value)})."""
-    if isinstance(series, _Histogram):
-        return None, {
-            key: (point.attributes.mapping, point) for key, point in series.points.items()
-        }
+def _points_of(series: _Series) -> tuple[bool | None, Mapping[Any, tuple[Any, Any]]] | None:
+    """A series' points now: (monotonic or None for a gauge, {key: (value, attributes)}).
+
+    The attributes are a ``FrozenAttributes`` or a dict. A last-value series' own table is
+    returned as it is: the one shown (replaced at each step, never changed) or a copy.
+    """
     if isinstance(series, _LastValue):
         shown = series.shown
-        points = series.points.copy() if shown is None else shown
         monotonic = series.monotonic if isinstance(series, _RunningTotal) else None
-        return monotonic, {key: (attrs.mapping, value) for key, (value, attrs) in points.items()}
+        return monotonic, series.points.copy() if shown is None else shown
+    if isinstance(series, _Histogram):
+        return None, {key: (point, point.attributes) for key, point in series.points.items()}
     if isinstance(series, _Observed):
         observed: dict[Any, tuple[Any, Any]] = {}
         for observation in series.callback(_OPTIONS):
             attributes = dict(observation.attributes or {})
-            observed[_hashable(attributes)] = (attributes, observation.value)
+            observed[_hashable(attributes)] = (observation.value, attributes)
         return _SUMS.get(series.spec.kind), observed
     return None  # unavailable: its creation failed and warned
 
 
 def _hashable(attributes: dict[str, Any]) -> Any:
+    """An attribute set's key: its items, sorted, sequences as tuples (as the SDK keys it)."""
+    if not attributes:
+        return ()
+    if len(attributes) == 1:  # most of async_tee's own sets: nothing to sort
+        ((key, value),) = attributes.items()
+        return ((key, tuple(value) if isinstance(value, (list, tuple)) else value),)
     return tuple(
         sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in attributes.items())
     )
