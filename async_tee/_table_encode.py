@@ -66,7 +66,7 @@ class TableEncoder:
         self._starts: dict[tuple[str, Any], int] = {}  # (series, attribute key): first export
         self._request: Any = None  # the last request built, kept for updates in place
         self._shape: tuple[tuple[int, KeysView[Any]], ...] = ()  # its series and their sets
-        self._messages: dict[tuple[int, Any], Any] = {}  # its point messages by series, set
+        self._messages: dict[int, dict[Any, Any]] = {}  # its point messages: series -> set
 
     def request(self, timeout_s: float | None = None) -> Any:
         """This export's request, a message of its own. Never raises.
@@ -80,7 +80,7 @@ class TableEncoder:
         entries = self._gather(deadline)
         shape = tuple((index, points.keys()) for index, _, _, points in entries)  # set-like
         if self._request is None or shape != self._shape:
-            self._request = self._build(entries)
+            self._request = self._build(entries, now)
             self._shape = shape
         self._fill(entries, now)
         copy = ExportMetricsServiceRequest()
@@ -120,8 +120,11 @@ class TableEncoder:
                     unspent = 0
         return entries
 
-    def _build(self, entries: list[Any]) -> Any:
-        """A request with every series' metric and every point's attributes, no values yet."""
+    def _build(self, entries: list[Any], now: int) -> Any:
+        """A request with every series' metric, every point's attributes and start, no values.
+
+        A cumulative point starts at its attribute set's first export (kept across builds).
+        """
         request = ExportMetricsServiceRequest()
         resource_metrics = request.resource_metrics.add()
         resource_metrics.resource.attributes.extend(self._resource)
@@ -143,41 +146,41 @@ class TableEncoder:
                 data = metric.sum
                 data.aggregation_temporality = _CUMULATIVE
                 data.is_monotonic = monotonic
+            starts = monotonic is not None and not isinstance(series, _Histogram)
+            messages = self._messages[index] = {}
             for key, (_value, attributes) in points.items():
                 point = data.data_points.add()
                 mapping = getattr(attributes, "mapping", attributes)  # FrozenAttributes, or a dict
                 point.attributes.extend(_key_value(k, v) for k, v in mapping.items())
-                self._messages[(index, key)] = point
+                if starts:
+                    point.start_time_unix_nano = self._starts.setdefault((spec.name, key), now)
+                messages[key] = point
             spend()
         return request
 
     def _fill(self, entries: list[Any], now: int) -> None:
-        """Write every point's value and times into its message of the kept request."""
-        messages = self._messages
+        """Write every point's value and time into its message of the kept request."""
         spend = budget().spend
         unspent = 0
-        for index, series, monotonic, points in entries:
+        for index, series, _monotonic, points in entries:
             unspent += len(points)
             if unspent >= SPEND_EVERY:
                 spend()
                 unspent = 0
-            name = series.spec.name
-            histogram = isinstance(series, _Histogram)
-            for key, (value, _attributes) in points.items():
-                point = messages[(index, key)]
-                point.time_unix_nano = now
-                if histogram:
+            messages = self._messages[index]
+            if isinstance(series, _Histogram):
+                for key, (value, _attributes) in points.items():
+                    point = messages[key]
+                    point.time_unix_nano = now
                     _fill_histogram(point, value, series.bounds)
-                    continue
-                if monotonic is not None:
-                    point.start_time_unix_nano = self._start(name, key, now)
+                continue
+            for key, (value, _attributes) in points.items():
+                point = messages[key]
+                point.time_unix_nano = now
                 if isinstance(value, int) and not isinstance(value, bool):
                     point.as_int = value
                 else:
                     point.as_double = float(value)
-
-    def _start(self, name: str, key: Any, now: int) -> int:
-        return self._starts.setdefault((name, key), now)
 
 
 def _points_of(series: _Series) -> tuple[bool | None, Mapping[Any, tuple[Any, Any]]] | None:

@@ -211,3 +211,33 @@ def test_an_exporter_asking_for_delta_keeps_the_sdks_way(sink, monkeypatch):
     (reader,) = running._built.push_readers
     assert reader._encoder is None  # the tables encode cumulative sums only
     assert async_tee.shutdown_telemetry(10)
+
+
+def _starts(request: Any, name: str) -> dict[Any, int]:
+    ((resource_metrics),) = request.resource_metrics
+    return {
+        _attributes(point.attributes): point.start_time_unix_nano
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.name == name
+        for point in getattr(metric, metric.WhichOneof("data")).data_points
+    }
+
+
+def test_a_cumulative_point_keeps_the_start_of_its_sets_first_export(session):
+    """Cumulative: one start per attribute set, its first export's, through rebuilds."""
+    running, _reader, resource = session
+    encoder = _encoder(running, resource)
+    tokens = {"vllm/prompt_tokens": 10}
+    async_tee.tee_rl_metrics_to_otel(tokens, "train", 1, True)
+    assert async_tee.flush(10)
+    first = _starts(encoder.request(), "rl.vllm.prompt_tokens")
+    async_tee.tee_rl_metrics_to_otel({**tokens, "reward": 1.0}, "train", 2, True)  # a new series
+    assert async_tee.flush(10)
+    request = encoder.request()  # rebuilt: the shape changed
+    assert _starts(request, "rl.vllm.prompt_tokens") == first
+    assert next(iter(first.values())) > 0
+    exports = _starts(request, "async_tee.exports")
+    later = _starts(encoder.request(), "async_tee.exports")  # updated in place
+    assert later == exports
+    assert len(set(exports.values())) == 1  # every set there from the first export
