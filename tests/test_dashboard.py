@@ -81,6 +81,7 @@ def test_the_alerts_row_plots_what_each_rule_compares_and_firing_alerts_annotate
     for rule in plotted:
         row, panel = panels[f"{rule.name}: {rule.summary}"]
         assert row.startswith("Alerts")
+        assert rule.quantity is not None
         expr = panel["targets"][0]["expr"]
         assert expr == alerts.with_selector(rule.quantity, 'job=~"$job", instance=~"$instance"')
         assert alerts.without_selector(rule.quantity) in rule.expr or "increase(" in expr

@@ -354,9 +354,10 @@ def test_the_generated_alerts_fire_in_a_real_prometheus(tmp_path):
                     break
                 time.sleep(0.2)  # polling an external server, not waiting for our worker
             for rank in (0, 2):  # both still stepping: stop them
-                assert procs[rank].stdin is not None
-                procs[rank].stdin.write("stop\n")
-                procs[rank].stdin.flush()
+                stdin = procs[rank].stdin
+                assert stdin is not None
+                stdin.write("stop\n")
+                stdin.flush()
         finally:
             ends = _end(procs)
     assert states("RLTrainerStuck", "1") == {"pending", "firing"}, seen

@@ -207,7 +207,7 @@ def test_every_recorded_series_has_a_non_finite_count_from_the_first_export():
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     try:
         async_tee.start_telemetry(provider)
-        first = reader.get_metrics_data()
+        first: Any = reader.get_metrics_data()
         async_tee.shutdown_telemetry(5)
     finally:
         provider.shutdown()
