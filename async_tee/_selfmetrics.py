@@ -19,29 +19,66 @@ if TYPE_CHECKING:
 
 StatsSource = Callable[[], Mapping[str, Any]]
 
+KEPT_SETS = 1024
+"""Attribute sets whose key and dict a self-series keeps across exports."""
 
-def _observe(stats: StatsSource, series: _series.Series) -> Callable[..., list[Observation]]:
-    from opentelemetry.metrics import Observation
 
-    path = series.stats_field.split(".")  # "steps.coalesced" reads stats()["steps"]["coalesced"]
-    split_by = series.attributes
+class StatsReader:
+    """One self-series' callback: its field of ``stats()``, as the SDK's ``Observation`` objects.
 
-    def callback(_options: CallbackOptions) -> list[Observation]:
-        value: Any = stats()
-        for part in path:
+    :meth:`points` reads the same field as the table encoder takes it, ``{attribute key:
+    (value, attributes)}``, without an ``Observation`` per point; a name's key and attribute
+    dict are made once and kept (at most ``KEPT_SETS``; beyond, made afresh each time).
+    """
+
+    __slots__ = ("_kept", "_path", "_split_by", "_stats")
+
+    def __init__(self, stats: StatsSource, series: _series.Series) -> None:
+        self._stats = stats
+        # "steps.coalesced" reads stats()["steps"]["coalesced"]
+        self._path = tuple(series.stats_field.split("."))
+        self._split_by = series.attributes
+        self._kept: dict[tuple[Any, ...], tuple[dict[str, Any], Any]] = {}
+
+    def _field(self) -> Any:
+        value: Any = self._stats()
+        for part in self._path:
             value = value[part]
+        return value
+
+    def __call__(self, _options: CallbackOptions) -> list[Observation]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(value, attributes) for value, attributes, _key in self._read()]
+
+    def points(self) -> dict[Any, tuple[Any, dict[str, Any]]]:
+        """``{attribute key: (value, attributes)}``, keyed as the SDK keys a set (sorted items)."""
+        return {key: (value, attributes) for value, attributes, key in self._read()}
+
+    def _read(self) -> list[tuple[Any, ...]]:
+        """(value, attributes, key) per point of the field."""
+        value, split_by, kept = self._field(), self._split_by, self._kept
         if not split_by:
-            return [Observation(value, {})]
+            return [(value, {}, ())]
         if len(split_by) == 1:
-            return [Observation(count, {split_by[0]: name}) for name, count in value.items()]
+            return [
+                (count, *(kept.get((name,)) or self._keep((name,))))
+                for name, count in value.items()
+            ]
         # Two attributes: a nested {first: {second: count}} table.
         return [
-            Observation(count, {split_by[0]: outer, split_by[1]: inner})
+            (count, *(kept.get((outer, inner)) or self._keep((outer, inner))))
             for outer, counts in value.items()
             for inner, count in counts.items()
         ]
 
-    return callback
+    def _keep(self, names: tuple[Any, ...]) -> tuple[dict[str, Any], Any]:
+        """The attributes of ``names`` and their key, kept for the next export."""
+        attributes = dict(zip(self._split_by, names, strict=True))
+        found = (attributes, tuple(sorted(attributes.items())))
+        if len(self._kept) < KEPT_SETS:
+            self._kept[names] = found
+        return found
 
 
 def self_metric_specs(stats: StatsSource) -> list[MetricSpec]:
@@ -53,7 +90,7 @@ def self_metric_specs(stats: StatsSource) -> list[MetricSpec]:
             series.kind,
             series.unit,
             series.description,
-            _observe(stats, series) if series.stats_field else None,
+            StatsReader(stats, series) if series.stats_field else None,
             buckets=_series.LAG_BUCKETS_MS if series.key == _series.LAG_KEY else None,
         )
         for series in _series.SELF

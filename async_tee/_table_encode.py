@@ -24,6 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from async_tee._gil import budget
+from async_tee._selfmetrics import StatsReader
 from async_tee.registry import _Histogram, _LastValue, _Observed, _RunningTotal
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ def _points_of(series: _Series) -> tuple[bool | None, Mapping[Any, tuple[Any, An
     if isinstance(series, _Histogram):
         return None, {key: (point, point.attributes) for key, point in series.points.items()}
     if isinstance(series, _Observed):
+        if isinstance(series.spec.callback, StatsReader):  # async_tee's own: no Observations
+            return _SUMS.get(series.spec.kind), series.spec.callback.points()
         observed: dict[Any, tuple[Any, Any]] = {}
         for observation in series.callback(_OPTIONS):
             attributes = dict(observation.attributes or {})
