@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import Metric, MetricsData, ResourceMetric
 from opentelemetry.sdk.resources import Resource
 
 from async_tee._gil import budget
+from async_tee._reporting import warn_once
 
 METRICS_PER_SLICE = 8
 """Metrics encoded between two offers of the GIL: a small part of a ``_gil.SLICE_S`` slice."""
@@ -82,11 +83,54 @@ def _encode_part(
     return encode_metrics(part).resource_metrics[0]
 
 
-class SlicedEncoding:
-    """Mixed into an OTLP exporter class: its request is encoded in slices.
+class EncodedRequest:
+    """An ``ExportMetricsServiceRequest`` already serialized (``_table_encode.TableEncoder``).
 
-    A request already built (``_table_encode.TableEncoder``) is sent as it is.
+    The exporters below send it as it is: what they call on a request message,
+    ``SerializeToString``, returns its bytes.
     """
+
+    __slots__ = ("data", "points")
+
+    def __init__(self, data: bytes, points: int) -> None:
+        self.data = data
+        self.points = points  # its data points, as the exporters count them
+
+    def SerializeToString(self) -> bytes:
+        return self.data
+
+
+_EXPORT_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+def _serialized(request: Any) -> bytes:
+    return bytes(request.SerializeToString())
+
+
+class _Stub:
+    """The metrics service's stub, serializing a request message or an :class:`EncodedRequest`."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceResponse,
+        )
+
+        self.Export = channel.unary_unary(
+            _EXPORT_METHOD,
+            request_serializer=_serialized,
+            response_deserializer=ExportMetricsServiceResponse.FromString,
+        )
+
+
+class SlicedEncoding:
+    """Mixed into the OTLP/gRPC exporter class: its request is encoded in slices.
+
+    An :class:`EncodedRequest` is sent as it is, through a stub that takes one.
+    """
+
+    def _initialize_channel_and_stub(self) -> None:
+        super()._initialize_channel_and_stub()  # type: ignore[misc]
+        self._client = _Stub(self._channel)  # type: ignore[attr-defined]
 
     def _translate_data(self, data: Any) -> Any:
         if isinstance(data, MetricsData):
@@ -96,12 +140,7 @@ class SlicedEncoding:
     def _count_data(self, data: Any) -> int:
         if isinstance(data, MetricsData):
             return int(super()._count_data(data))  # type: ignore[misc]
-        return sum(
-            len(getattr(metric, metric.WhichOneof("data")).data_points)
-            for resource_metrics in data.resource_metrics
-            for scope_metrics in resource_metrics.scope_metrics
-            for metric in scope_metrics.metrics
-        )
+        return int(data.points)
 
 
 def sliced(exporter_class: type[Any]) -> type[Any]:
@@ -111,17 +150,39 @@ def sliced(exporter_class: type[Any]) -> type[Any]:
     return type(exporter_class.__name__, (SlicedEncoding, exporter_class), {})
 
 
+def sends_encoded(exporter: Any) -> bool:
+    """Whether ``exporter`` can send an :class:`EncodedRequest`.
+
+    Built from :func:`sliced`, its client must be the stub above; from
+    :func:`takes_requests`, an OTLP/HTTP client that sends bytes.
+    """
+    client = getattr(exporter, "_client", None)
+    if isinstance(exporter, SlicedEncoding):
+        return isinstance(client, _Stub)
+    return isinstance(exporter, PrebuiltRequests) and callable(getattr(client, "export", None))
+
+
 class PrebuiltRequests:
-    """Mixed into the OTLP/HTTP exporter class: a request already built is sent as it is."""
+    """Mixed into the OTLP/HTTP exporter class: an :class:`EncodedRequest` is sent as it is."""
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
         if isinstance(metrics_data, MetricsData):
             return super().export(metrics_data, timeout_millis, **kwargs)  # type: ignore[misc]
-        if getattr(self, "_shutdown", False):
-            from opentelemetry.sdk.metrics.export import MetricExportResult
+        from opentelemetry.sdk.metrics.export import MetricExportResult
 
+        if getattr(self, "_shutdown", False):
             return MetricExportResult.FAILURE
-        return self._export_batch(metrics_data)  # type: ignore[attr-defined]
+        data = metrics_data.SerializeToString()
+        limit = getattr(self, "_max_request_size", None)
+        if limit and len(data) > limit:  # as the SDK drops it: a failed export
+            warn_once(
+                "export:too-large",
+                "async_tee: an export of %d bytes exceeds the exporter's max_request_size",
+                len(data),
+            )
+            return MetricExportResult.FAILURE
+        result = self._client.export(data)  # type: ignore[attr-defined]
+        return MetricExportResult.SUCCESS if result.success else MetricExportResult.FAILURE
 
 
 def takes_requests(exporter_class: type[Any]) -> type[Any] | None:

@@ -123,7 +123,7 @@ def _otlp_exporter(settings: Settings) -> Any:
         import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        from async_tee._encode import sliced
+        from async_tee._encode import sends_encoded, sliced
 
         insecure = settings.otlp_insecure
         if insecure is None:
@@ -144,15 +144,15 @@ def _otlp_exporter(settings: Settings) -> Any:
                 ("grpc.min_reconnect_backoff_ms", max(1, int(settings.otlp_timeout_s * 1000))),
             ),
         )
-        # A request built from the tables goes through the same hook (_encode).
-        grpc_exporter.async_tee_takes_requests = grpc_class is not OTLPMetricExporter
+        # A request built from the tables goes through the same hook and its own stub (_encode).
+        grpc_exporter.async_tee_takes_requests = sends_encoded(grpc_exporter)
         return grpc_exporter
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HTTPMetricExporter,
     )
 
-    from async_tee._encode import takes_requests
+    from async_tee._encode import sends_encoded, takes_requests
     from async_tee._http_session import ExporterSession, exporter_transport
 
     # Abortable, pinned to its certificate, honouring Retry-After: the SDK's urllib3
@@ -169,7 +169,7 @@ def _otlp_exporter(settings: Settings) -> Any:
         **({"session": sender} if transport is None else {"_transport": transport}),
     )
     exporter.async_tee_session = sender  # the reader's handle on it
-    exporter.async_tee_takes_requests = http_class is not None
+    exporter.async_tee_takes_requests = sends_encoded(exporter)
     return exporter
 
 

@@ -508,6 +508,27 @@ class Pipeline:
 
     def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
         """This session's figures (see ``async_tee.stats``); the lag sort is optional."""
+        worker = self.worker
+        lags = sorted(worker.lags_ms) if lag_percentiles else []
+
+        def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
+            return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
+
+        return {
+            **self._counts(),
+            "lag_ms": {
+                "p50": pick(0.5),
+                "p99": pick(0.99),
+                "max": worker.max_lag_ms,
+                "samples": len(lags),
+            },
+            "exporting": self.is_exporting,
+            "exporters": self._exporter_states(),
+            "ranks": _ranks(self.settings),
+        }
+
+    def _counts(self) -> dict[str, Any]:
+        """The counts of ``stats()``: what the ``async_tee.*`` series read."""
         worker, queue = self.worker, self.queue
         counts = worker.counts
         # A dict whose snapshot failed on the caller's side was handed over and dropped.
@@ -524,11 +545,6 @@ class Pipeline:
                 enqueued - counts.recorded - sum(dropped_by_reason.values())
             )
         dropped = sum(dropped_by_reason.values())
-        lags = sorted(worker.lags_ms) if lag_percentiles else []
-
-        def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
-            return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
-
         rc: RegistryCounts = self.instruments.counts
         return {
             "enqueued": enqueued,
@@ -537,12 +553,6 @@ class Pipeline:
             "pending": enqueued - counts.recorded - dropped,
             "capacity": queue.capacity,
             "dropped_by_reason": dropped_by_reason,
-            "lag_ms": {
-                "p50": pick(0.5),
-                "p99": pick(0.99),
-                "max": worker.max_lag_ms,
-                "samples": len(lags),
-            },
             "values_skipped": {
                 **dict.fromkeys(SKIP_REASONS, 0),
                 **self.recorder.skipped,
@@ -555,9 +565,6 @@ class Pipeline:
             "exports": self.export_counts.totals(),
             "exports_by_trigger": self.export_counts.snapshot(),
             "steps": self.steps.stats(),
-            "exporting": self.is_exporting,
-            "exporters": self._exporter_states(),
-            "ranks": _ranks(self.settings),
             "worker_died": int(worker.died),
             "export_thread_died": int(self._export_thread_died()),
         }
@@ -577,7 +584,7 @@ class Pipeline:
             and now - snapshot[1] < SNAPSHOT_TTL_S
         ):
             return snapshot[2]
-        stats = self.stats(lag_percentiles=False)
+        stats = self._counts()  # the series read no lag, exporter state or rank
         self._snapshot = (collection, now, stats)
         return stats
 

@@ -13,8 +13,9 @@ has none. Imported only when async_tee builds an OTLP exporter.
 
 from __future__ import annotations
 
+import struct
 import time
-from collections.abc import Iterable, KeysView, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -23,6 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
+from async_tee._encode import EncodedRequest
 from async_tee._gil import budget
 from async_tee._selfmetrics import StatsReader
 from async_tee.registry import _Histogram, _LastValue, _Observed, _RunningTotal
@@ -65,28 +67,25 @@ class TableEncoder:
         self._resource_schema = resource.schema_url or ""
         self._scope = (scope_name, scope_version)
         self._starts: dict[tuple[str, Any], int] = {}  # (series, attribute key): first export
-        self._request: Any = None  # the last request built, kept for updates in place
-        self._shape: tuple[tuple[int, KeysView[Any]], ...] = ()  # its series and their sets
-        self._messages: dict[int, dict[Any, Any]] = {}  # its point messages: series -> set
+        self._template: _Template | None = None  # the last request's bytes, for updates in place
+        self._shape: tuple[tuple[int, tuple[Any, ...]], ...] = ()  # its series and their sets
 
-    def request(self, timeout_s: float | None = None) -> Any:
-        """This export's request, a message of its own. Never raises.
+    def request(self, timeout_s: float | None = None) -> EncodedRequest:
+        """This export's request, serialized. Never raises but ``TimeoutError``.
 
         A series that fails is left out and counted. While every series holds the same
-        attribute sets as at the last export, the request kept from it only has its
-        values and times written again; else it is built afresh.
+        attribute sets as at the last export, the bytes kept from it only have their
+        values and times written again; else they are built afresh.
         """
         now = time.time_ns()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         entries = self._gather(deadline)
-        shape = tuple((index, points.keys()) for index, _, _, points in entries)  # set-like
-        if self._request is None or shape != self._shape:
-            self._request = self._build(entries, now)
+        # Series and their sets in order: the kept slots are matched by position.
+        shape = tuple((index, tuple(points)) for index, _, _, points in entries)
+        if self._template is None or shape != self._shape:
+            self._template = self._build(entries, now)
             self._shape = shape
-        self._fill(entries, now)
-        copy = ExportMetricsServiceRequest()
-        copy.CopyFrom(self._request)  # the exporting thread sends it while the next is made
-        return copy
+        return EncodedRequest(self._fill(entries, now), self._template.points)
 
     def _gather(
         self, deadline: float | None = None
@@ -121,10 +120,12 @@ class TableEncoder:
                     unspent = 0
         return entries
 
-    def _build(self, entries: list[Any], now: int) -> Any:
-        """A request with every series' metric, every point's attributes and start, no values.
+    def _build(self, entries: list[Any], now: int) -> _Template:
+        """The request's bytes (every metric, every point's attributes and start), and slots.
 
-        A cumulative point starts at its attribute set's first export (kept across builds).
+        The slots say where each point's time and value go: each is written with a marker
+        of its own, then found in the serialized bytes. A cumulative point starts at its
+        attribute set's first export (kept across builds).
         """
         request = ExportMetricsServiceRequest()
         resource_metrics = request.resource_metrics.add()
@@ -132,13 +133,15 @@ class TableEncoder:
         resource_metrics.schema_url = self._resource_schema
         scope_metrics = resource_metrics.scope_metrics.add()
         scope_metrics.scope.name, scope_metrics.scope.version = self._scope
-        self._messages = {}
+        marks = _Markers()
+        slots: list[list[Any]] = []  # per series, per point: its markers
         spend = budget().spend
-        for index, series, monotonic, points in entries:
+        for _index, series, monotonic, points in entries:
             spec = series.spec
             metric = scope_metrics.metrics.add()
             metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
-            if isinstance(series, _Histogram):
+            histogram = isinstance(series, _Histogram)
+            if histogram:
                 data = metric.histogram
                 data.aggregation_temporality = _CUMULATIVE
             elif monotonic is None:
@@ -147,41 +150,62 @@ class TableEncoder:
                 data = metric.sum
                 data.aggregation_temporality = _CUMULATIVE
                 data.is_monotonic = monotonic
-            starts = monotonic is not None and not isinstance(series, _Histogram)
-            messages = self._messages[index] = {}
-            for key, (_value, attributes) in points.items():
+            starts = monotonic is not None and not histogram
+            marked: list[Any] = []
+            slots.append(marked)
+            for key, (value, attributes) in points.items():
                 point = data.data_points.add()
                 mapping = getattr(attributes, "mapping", attributes)  # FrozenAttributes, or a dict
                 point.attributes.extend(_key_value(k, v) for k, v in mapping.items())
                 if starts:
                     point.start_time_unix_nano = self._starts.setdefault((spec.name, key), now)
-                messages[key] = point
+                point.time_unix_nano = time_mark = marks.new()
+                if histogram:
+                    point.explicit_bounds.extend(series.bounds)
+                    buckets = [marks.new() for _ in value.counts]
+                    point.bucket_counts.extend(buckets)
+                    point.start_time_unix_nano, point.count = marks.new(), marks.new()
+                    point.sum, point.min, point.max = (marks.new_double() for _ in range(3))
+                    fields = (point.start_time_unix_nano, point.count, *buckets[:1])
+                    doubles = (point.sum, point.min, point.max)
+                    marked.append((time_mark, (*fields, *map(_bits, doubles))))
+                else:
+                    point.as_int = value_mark = marks.new()
+                    marked.append((time_mark, value_mark))
             spend()
-        return request
+        return _Template(request.SerializeToString(), marks, slots)
 
-    def _fill(self, entries: list[Any], now: int) -> None:
-        """Write every point's value and time into its message of the kept request."""
+    def _fill(self, entries: list[Any], now: int) -> bytes:
+        """The kept bytes with every point's value and time written: this export's request."""
+        template = self._template
+        assert template is not None
+        buffer, offsets = template.buffer, template.offsets
         spend = budget().spend
+        write_double, write_int = _TIME_DOUBLE.pack_into, _TIME_INT.pack_into
         unspent = 0
-        for index, series, _monotonic, points in entries:
+        for (_index, series, _monotonic, points), slots in zip(entries, offsets, strict=True):
             unspent += len(points)
             if unspent >= SPEND_EVERY:
                 spend()
                 unspent = 0
-            messages = self._messages[index]
             if isinstance(series, _Histogram):
-                for key, (value, _attributes) in points.items():
-                    point = messages[key]
-                    point.time_unix_nano = now
-                    _fill_histogram(point, value, series.bounds)
+                for (value, _attributes), (at_time, at_fields) in zip(
+                    points.values(), slots, strict=True
+                ):
+                    _UINT64.pack_into(buffer, at_time, now)
+                    _fill_histogram(buffer, at_fields, value)
                 continue
-            for key, (value, _attributes) in points.items():
-                point = messages[key]
-                point.time_unix_nano = now
-                if isinstance(value, int) and not isinstance(value, bool):
-                    point.as_int = value
-                else:
-                    point.as_double = float(value)
+            # A number point's time, its value's tag and its value, in one write.
+            for (value, _attributes), at_time in zip(points.values(), slots, strict=True):
+                if type(value) is float:  # most values: no other test
+                    write_double(buffer, at_time, now, _AS_DOUBLE, value)
+                elif type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+                    write_int(buffer, at_time, now, _AS_INT, value)
+                elif isinstance(value, int) and not isinstance(value, bool):  # an int's subclass
+                    _fill_int(buffer, at_time, now, value)
+                else:  # a bool or another number: a double
+                    write_double(buffer, at_time, now, _AS_DOUBLE, float(value))
+        return bytes(buffer)
 
 
 def _points_of(series: _Series) -> tuple[bool | None, Mapping[Any, tuple[Any, Any]]] | None:
@@ -219,15 +243,103 @@ def _hashable(attributes: dict[str, Any]) -> Any:
     )
 
 
-def _fill_histogram(point: Any, recorded: Any, bounds: tuple[float, ...]) -> None:
-    point.start_time_unix_nano = recorded.start_ns
-    point.count = sum(recorded.counts)
-    point.sum = recorded.sum
-    del point.bucket_counts[:]
-    point.bucket_counts.extend(recorded.counts)
-    if not point.explicit_bounds:
-        point.explicit_bounds.extend(bounds)
-    point.min, point.max = recorded.min, recorded.max
+def _fill_int(buffer: bytearray, at_time: int, now: int, value: int) -> None:
+    """An int (an ``int`` subclass too) as the SDK sends it, or a double past int64."""
+    if _INT64_MIN <= value <= _INT64_MAX:
+        _TIME_INT.pack_into(buffer, at_time, now, _AS_INT, int(value))
+    else:
+        _TIME_DOUBLE.pack_into(buffer, at_time, now, _AS_DOUBLE, float(value))
+
+
+def _fill_histogram(buffer: bytearray, at: tuple[int, ...], recorded: Any) -> None:
+    """A histogram point's start, count, buckets, sum, min and max, at their offsets."""
+    counts = recorded.counts
+    at_start, at_count, *at_buckets, at_sum, at_min, at_max = at
+    _UINT64.pack_into(buffer, at_start, recorded.start_ns)
+    _UINT64.pack_into(buffer, at_count, sum(counts))
+    if at_buckets:
+        struct.pack_into(f"<{len(counts)}Q", buffer, at_buckets[0], *counts)
+    _DOUBLE.pack_into(buffer, at_sum, recorded.sum)
+    _DOUBLE.pack_into(buffer, at_min, recorded.min)
+    _DOUBLE.pack_into(buffer, at_max, recorded.max)
+
+
+_TIME_DOUBLE = struct.Struct("<QBd")  # a number point's time, its value's tag, its value
+_TIME_INT = struct.Struct("<QBq")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_UINT64 = struct.Struct("<Q")
+_DOUBLE = struct.Struct("<d")
+_AS_DOUBLE = 0x21  # NumberDataPoint.as_double: field 4, 64-bit
+_AS_INT = 0x31  # NumberDataPoint.as_int: field 6, 64-bit
+_SIGNATURE = bytes((0xA7, 0xF5, 0x3F))
+"""A marker's three high bytes (little-endian, last): as a double, about 1.353; the five
+low bytes count markers. No valid UTF-8 string holds a marker (0xA7 after 0x00 is not
+UTF-8), and an attribute or bound that is a marker's exact double is not expected."""
+
+
+def _bits(value: float) -> int:
+    return int(_UINT64.unpack(_DOUBLE.pack(value))[0])
+
+
+class _Markers:
+    """A distinct 64-bit marker per slot of a request being built."""
+
+    def __init__(self) -> None:
+        self.issued: dict[bytes, int] = {}  # marker's bytes -> marker
+
+    def new(self) -> int:
+        """A marker for a fixed-width integer field (its bytes: a count, then the signature)."""
+        marker = int.from_bytes(len(self.issued).to_bytes(5, "little") + _SIGNATURE, "little")
+        self.issued[marker.to_bytes(8, "little")] = marker
+        return marker
+
+    def new_double(self) -> float:
+        """A marker for a double field: a finite double with a marker's bits."""
+        return float(_DOUBLE.unpack(self.new().to_bytes(8, "little"))[0])
+
+
+class _Template:
+    """A request's bytes, and the offset of each point's time and value in them."""
+
+    __slots__ = ("buffer", "offsets", "points")
+
+    def __init__(self, data: bytes, marks: _Markers, slots: list[list[Any]]) -> None:
+        """Find every marker once in ``data``; ``slots`` hold them per series and point.
+
+        Raises:
+            RuntimeError: A marker is missing or found twice (the export fails, counted).
+        """
+        self.buffer = bytearray(data)
+        found: dict[int, int] = {}  # marker -> offset
+        issued, start = marks.issued, self.buffer.find(_SIGNATURE)
+        while start >= 0:
+            marker = issued.get(bytes(self.buffer[start - 5 : start + 3]))
+            if marker is not None:
+                if marker in found:
+                    raise RuntimeError("an OTLP request's marker was found twice")
+                found[marker] = start - 5
+            start = self.buffer.find(_SIGNATURE, start + 1)
+        if len(found) != len(issued):
+            raise RuntimeError("an OTLP request's marker was not found")
+        self.offsets: list[list[Any]] = []  # per series, per point: its time's offset, or
+        for marked in slots:  # for a histogram point (its time's, its other fields')
+            resolved = [_resolve(at, found) for at in marked]
+            if resolved and isinstance(resolved[0][1], int):  # a number point's time and value
+                if any(
+                    at_value != at_time + 9 or self.buffer[at_value - 1] != _AS_INT
+                    for at_time, at_value in resolved
+                ):  # serialized in field order, its value (field 4 or 6) follows its time (3)
+                    raise RuntimeError("an OTLP point's value does not follow its time")
+                resolved = [at_time for at_time, _at_value in resolved]
+            self.offsets.append(resolved)
+        self.points = sum(map(len, slots))
+
+
+def _resolve(at: Any, found: dict[int, int]) -> Any:
+    """Markers, or a tuple of them nested once, as their offsets."""
+    if isinstance(at, tuple):
+        return tuple(_resolve(item, found) for item in at)
+    return found[at]
 
 
 class _Options:

@@ -82,15 +82,26 @@ def test_a_large_drain_is_cut_into_slices_with_handovers(sink):
 
 @pytest.fixture
 def stats_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every Pipeline.stats call, as its lag_percentiles argument."""
+    """Every time a session counted its figures: True for ``stats()``, False for the series."""
     calls: list[bool] = []
-    original = Pipeline.stats
+    inside = threading.local()
+    original_stats, original_counts = Pipeline.stats, Pipeline._counts
 
-    def counted(self: Pipeline, lag_percentiles: bool = True) -> dict[str, Any]:
-        calls.append(lag_percentiles)
-        return original(self, lag_percentiles)
+    def stats(self: Pipeline, lag_percentiles: bool = True) -> dict[str, Any]:
+        calls.append(True)
+        inside.stats = True
+        try:
+            return original_stats(self, lag_percentiles)
+        finally:
+            inside.stats = False
 
-    monkeypatch.setattr(Pipeline, "stats", counted)
+    def counts(self: Pipeline) -> dict[str, Any]:
+        if not getattr(inside, "stats", False):  # the series' read, not stats()'s own
+            calls.append(False)
+        return original_counts(self)
+
+    monkeypatch.setattr(Pipeline, "stats", stats)
+    monkeypatch.setattr(Pipeline, "_counts", counts)
     return calls
 
 

@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from helpers import load_calls
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -89,7 +92,11 @@ def _ours(running: Any, encoder: TableEncoder) -> dict[str, Any]:
     after reuses this one's, so both see the same figures.
     """
     running.export_counts.collections += 1
-    return _normal(encoder.request())
+    return _normal(_decoded(encoder.request()))
+
+
+def _decoded(request: Any) -> Any:
+    return ExportMetricsServiceRequest.FromString(request.SerializeToString())
 
 
 def _encoder(running: Any, resource: Resource) -> TableEncoder:
@@ -231,13 +238,48 @@ def test_a_cumulative_point_keeps_the_start_of_its_sets_first_export(session):
     tokens = {"vllm/prompt_tokens": 10}
     async_tee.tee_rl_metrics_to_otel(tokens, "train", 1, True)
     assert async_tee.flush(10)
-    first = _starts(encoder.request(), "rl.vllm.prompt_tokens")
+    first = _starts(_decoded(encoder.request()), "rl.vllm.prompt_tokens")
     async_tee.tee_rl_metrics_to_otel({**tokens, "reward": 1.0}, "train", 2, True)  # a new series
     assert async_tee.flush(10)
-    request = encoder.request()  # rebuilt: the shape changed
+    request = _decoded(encoder.request())  # rebuilt: the shape changed
     assert _starts(request, "rl.vllm.prompt_tokens") == first
     assert next(iter(first.values())) > 0
     exports = _starts(request, "async_tee.exports")
-    later = _starts(encoder.request(), "async_tee.exports")  # updated in place
+    later = _starts(_decoded(encoder.request()), "async_tee.exports")  # updated in place
     assert later == exports
     assert len(set(exports.values())) == 1  # every set there from the first export
+
+
+def test_a_point_changing_type_is_rewritten_in_place(session):
+    """One slot holds an int, a float, an int, an int past int64: its tag follows the value
+    (the last is sent as a double); every point's time is the export's."""
+    running, _reader, resource = session
+    encoder = _encoder(running, resource)
+    async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1, step_finished=True)
+    assert async_tee.flush(10)
+    (series,) = [
+        s
+        for s in (running.instruments.instruments(RL_METRIC_GROUP) or {}).values()
+        if s.spec.name == "rl.reward.mean"
+    ]
+    shapes = []
+    for reward, expected in [
+        (1, ("as_int", 1)),
+        (2.5, ("as_double", 2.5)),
+        (-3, ("as_int", -3)),
+        (2**70, ("as_double", float(2**70))),
+    ]:
+        # The table as the worker leaves it after a step, holding this value.
+        table = series.shown if series.shown is not None else series.points
+        series.shown = {key: (reward, attrs) for key, (_v, attrs) in table.items()}
+        request = _decoded(encoder.request())
+        assert _normal(request)["rl.reward.mean"][-1][0][1] == expected
+        times = {
+            point.time_unix_nano
+            for metric in request.resource_metrics[0].scope_metrics[0].metrics
+            for point in getattr(metric, metric.WhichOneof("data")).data_points
+        }
+        assert len(times) == 1
+        assert times.pop() > 0
+        shapes.append(encoder._shape)
+    assert shapes[0] == shapes[1] == shapes[2] == shapes[3]  # written in place, not rebuilt
