@@ -283,3 +283,36 @@ def test_a_point_changing_type_is_rewritten_in_place(session):
         assert times.pop() > 0
         shapes.append(encoder._shape)
     assert shapes[0] == shapes[1] == shapes[2] == shapes[3]  # written in place, not rebuilt
+
+
+def test_an_encoded_request_over_the_http_size_limit_fails_as_the_sdk_drops_it(
+    session, sink, caplog
+):
+    """The bytes go as they are, unless they pass ``max_request_size``: then nothing is sent,
+    the export fails (counted by the reader), and it says why once."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    from async_tee._encode import sends_encoded, takes_requests
+
+    running, _reader, resource = session
+    async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1, step_finished=True)
+    assert async_tee.flush(10)
+    request = _encoder(running, resource).request()
+    exporter_class = takes_requests(OTLPMetricExporter)
+    assert exporter_class is not None
+    endpoint = f"{sink.http_endpoint}/v1/metrics"
+    small = exporter_class(endpoint=endpoint, max_request_size=len(request.data) - 1)
+    large = exporter_class(endpoint=endpoint)
+    try:
+        assert sends_encoded(small) and sends_encoded(large)
+        with caplog.at_level("WARNING", logger="async_tee"):
+            assert small.export(request) is MetricExportResult.FAILURE
+        assert sink.requests.get("http", 0) == 0
+        assert any("max_request_size" in r.getMessage() for r in caplog.records)
+        assert large.export(request) is MetricExportResult.SUCCESS
+        assert sink.request_sizes() == [("http", len(request.data), "identity")]
+        assert sink.latest()[("rl.reward.mean", frozenset())].value == 0.5
+    finally:
+        small.shutdown()
+        large.shutdown()
