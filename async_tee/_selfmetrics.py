@@ -8,7 +8,7 @@ worker nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _series
@@ -27,8 +27,10 @@ class StatsReader:
     """One self-series' callback: its field of ``stats()``, as the SDK's ``Observation`` objects.
 
     :meth:`points` reads the same field as the table encoder takes it, ``{attribute key:
-    (value, attributes)}``, without an ``Observation`` per point; a name's key and attribute
-    dict are made once and kept (at most ``KEPT_SETS``; beyond, made afresh each time).
+    (value, attributes)}``, without an ``Observation`` per point. A name's key, attribute
+    dict and last point are kept (at most ``KEPT_SETS``; beyond, made afresh each time):
+    a count that has not changed is the same point object as at the last export, so an
+    export with hundreds of sets (``non_finite{series}``) makes next to nothing new.
     """
 
     __slots__ = ("_kept", "_path", "_split_by", "_stats")
@@ -38,7 +40,7 @@ class StatsReader:
         # "steps.coalesced" reads stats()["steps"]["coalesced"]
         self._path = tuple(series.stats_field.split("."))
         self._split_by = series.attributes
-        self._kept: dict[tuple[Any, ...], tuple[dict[str, Any], Any]] = {}
+        self._kept: dict[tuple[Any, ...], _KeptSet] = {}
 
     def _field(self) -> Any:
         value: Any = self._stats()
@@ -49,36 +51,49 @@ class StatsReader:
     def __call__(self, _options: CallbackOptions) -> list[Observation]:
         from opentelemetry.metrics import Observation
 
-        return [Observation(value, attributes) for value, attributes, _key in self._read()]
+        return [Observation(value, attributes) for value, attributes in self.points().values()]
 
     def points(self) -> dict[Any, tuple[Any, dict[str, Any]]]:
         """``{attribute key: (value, attributes)}``, keyed as the SDK keys a set (sorted items)."""
-        return {key: (value, attributes) for value, attributes, key in self._read()}
-
-    def _read(self) -> list[tuple[Any, ...]]:
-        """(value, attributes, key) per point of the field."""
-        value, split_by, kept = self._field(), self._split_by, self._kept
+        value, split_by = self._field(), self._split_by
         if not split_by:
-            return [(value, {}, ())]
+            return {(): (value, {})}
+        named: Iterator[tuple[tuple[Any, ...], Any]]
         if len(split_by) == 1:
-            return [
-                (count, *(kept.get((name,)) or self._keep((name,))))
-                for name, count in value.items()
-            ]
-        # Two attributes: a nested {first: {second: count}} table.
-        return [
-            (count, *(kept.get((outer, inner)) or self._keep((outer, inner))))
-            for outer, counts in value.items()
-            for inner, count in counts.items()
-        ]
+            named = (((name,), count) for name, count in value.items())
+        else:  # two attributes: a nested {first: {second: count}} table
+            named = (
+                ((outer, inner), count)
+                for outer, counts in value.items()
+                for inner, count in counts.items()
+            )
+        kept, points = self._kept, {}
+        for names, count in named:
+            entry = kept.get(names) or self._keep(names)
+            point = entry.point
+            if point is None or point[0] != count or type(point[0]) is not type(count):
+                point = entry.point = (count, entry.attributes)
+            points[entry.key] = point
+        return points
 
-    def _keep(self, names: tuple[Any, ...]) -> tuple[dict[str, Any], Any]:
+    def _keep(self, names: tuple[Any, ...]) -> _KeptSet:
         """The attributes of ``names`` and their key, kept for the next export."""
         attributes = dict(zip(self._split_by, names, strict=True))
-        found = (attributes, tuple(sorted(attributes.items())))
+        entry = _KeptSet(attributes, tuple(sorted(attributes.items())))
         if len(self._kept) < KEPT_SETS:
-            self._kept[names] = found
-        return found
+            self._kept[names] = entry
+        return entry
+
+
+class _KeptSet:
+    """A self-series' attribute set: its attributes, its key, its point at the last read."""
+
+    __slots__ = ("attributes", "key", "point")
+
+    def __init__(self, attributes: dict[str, Any], key: tuple[Any, ...]) -> None:
+        self.attributes = attributes
+        self.key = key
+        self.point: tuple[Any, dict[str, Any]] | None = None
 
 
 def self_metric_specs(stats: StatsSource) -> list[MetricSpec]:

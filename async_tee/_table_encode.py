@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from operator import eq
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -68,7 +69,9 @@ class TableEncoder:
         self._scope = (scope_name, scope_version)
         self._starts: dict[tuple[str, Any], int] = {}  # (series, attribute key): first export
         self._template: _Template | None = None  # the last request's bytes, for updates in place
-        self._shape: tuple[tuple[int, tuple[Any, ...]], ...] = ()  # its series and their sets
+        self._indices: list[int] = []  # its series (their places in the groups) ...
+        self._keys: list[tuple[Any, ...]] = []  # ... and their attribute sets, in order
+        self.builds = 0  # how many times the request was built afresh
 
     def request(self, timeout_s: float | None = None) -> EncodedRequest:
         """This export's request, serialized. Never raises but ``TimeoutError``.
@@ -79,38 +82,40 @@ class TableEncoder:
         """
         now = time.time_ns()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        entries = self._gather(deadline)
-        # Series and their sets in order: the kept slots are matched by position.
-        shape = tuple((index, tuple(points)) for index, _, _, points in entries)
-        if self._template is None or shape != self._shape:
-            self._template = self._build(entries, now)
-            self._shape = shape
-        return EncodedRequest(self._fill(entries, now), self._template.points)
+        gathered = self._gather(deadline)
+        if self._template is None or not self._same_shape(gathered):
+            self._template = self._build(gathered, now)
+        return EncodedRequest(self._fill(gathered, now), self._template.points)
 
-    def _gather(
-        self, deadline: float | None = None
-    ) -> list[tuple[int, _Series, bool | None, Mapping[Any, tuple[Any, Any]]]]:
-        """Each series with points: (index, series, monotonic, {attribute key: (v, attrs)}).
+    def _gather(self, deadline: float | None = None) -> _Gathered:
+        """Each series with points, and its points now.
+
+        Nothing is made per series that outlives this export (only lists of what the
+        tables hold), so an export at thousands of series adds next to nothing to what
+        the garbage collector must track.
 
         Raises:
             TimeoutError: The callbacks ran past ``deadline`` (monotonic), as the SDK's
                 collection fails past its timeout (``OTEL_METRIC_EXPORT_TIMEOUT``).
         """
         spend = budget().spend
-        entries = []
+        gathered = _Gathered()
+        indices, series_list, points_list = gathered.indices, gathered.series, gathered.points
         index = -1
         unspent = 0  # points gathered since the last spend: a slice every SPEND_EVERY
         for group in self._groups:
             for series in (self._registry.instruments(group) or {}).values():
                 index += 1
                 try:
-                    found = _points_of(series)
+                    points = _points_of(series)
                 except Exception:  # noqa: BLE001 - one series must not cost the export
                     self._registry.counts.errors += 1
-                    found = None
-                if found is not None and found[1]:
-                    entries.append((index, series, found[0], found[1]))
-                    unspent += len(found[1])
+                    points = None
+                if points:
+                    indices.append(index)
+                    series_list.append(series)
+                    points_list.append(points)
+                    unspent += len(points)
                 if isinstance(series, _Observed):  # an owner's callback: its own unit
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimeoutError("the observable callbacks ran past the timeout")
@@ -118,9 +123,18 @@ class TableEncoder:
                 if unspent >= SPEND_EVERY:
                     spend()
                     unspent = 0
-        return entries
+        return gathered
 
-    def _build(self, entries: list[Any], now: int) -> _Template:
+    def _same_shape(self, gathered: _Gathered) -> bool:
+        """Whether the kept request holds these series and sets, in this order.
+
+        Its slots are matched by position. Compared in C; no key tuple outlives its test.
+        """
+        return gathered.indices == self._indices and all(
+            map(eq, map(tuple, gathered.points), self._keys)
+        )
+
+    def _build(self, gathered: _Gathered, now: int) -> _Template:
         """The request's bytes (every metric, every point's attributes and start), and slots.
 
         The slots say where each point's time and value go: each is written with a marker
@@ -136,11 +150,13 @@ class TableEncoder:
         marks = _Markers()
         slots: list[list[Any]] = []  # per series, per point: its markers
         spend = budget().spend
-        for _index, series, monotonic, points in entries:
+        for series, points in zip(gathered.series, gathered.points, strict=True):
+            monotonic = _monotonic(series)
             spec = series.spec
             metric = scope_metrics.metrics.add()
             metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
-            histogram = isinstance(series, _Histogram)
+            bounds = series.bounds if isinstance(series, _Histogram) else None
+            histogram = bounds is not None
             if histogram:
                 data = metric.histogram
                 data.aggregation_temporality = _CUMULATIVE
@@ -160,8 +176,8 @@ class TableEncoder:
                 if starts:
                     point.start_time_unix_nano = self._starts.setdefault((spec.name, key), now)
                 point.time_unix_nano = time_mark = marks.new()
-                if histogram:
-                    point.explicit_bounds.extend(series.bounds)
+                if bounds is not None:
+                    point.explicit_bounds.extend(bounds)
                     buckets = [marks.new() for _ in value.counts]
                     point.bucket_counts.extend(buckets)
                     point.start_time_unix_nano, point.count = marks.new(), marks.new()
@@ -173,9 +189,12 @@ class TableEncoder:
                     point.as_int = value_mark = marks.new()
                     marked.append((time_mark, value_mark))
             spend()
+        self._indices = gathered.indices
+        self._keys = [tuple(points) for points in gathered.points]
+        self.builds += 1
         return _Template(request.SerializeToString(), marks, slots)
 
-    def _fill(self, entries: list[Any], now: int) -> bytes:
+    def _fill(self, gathered: _Gathered, now: int) -> bytes:
         """The kept bytes with every point's value and time written: this export's request."""
         template = self._template
         assert template is not None
@@ -183,7 +202,7 @@ class TableEncoder:
         spend = budget().spend
         write_double, write_int = _TIME_DOUBLE.pack_into, _TIME_INT.pack_into
         unspent = 0
-        for (_index, series, _monotonic, points), slots in zip(entries, offsets, strict=True):
+        for series, points, slots in zip(gathered.series, gathered.points, offsets, strict=True):
             unspent += len(points)
             if unspent >= SPEND_EVERY:
                 spend()
@@ -208,27 +227,46 @@ class TableEncoder:
         return bytes(buffer)
 
 
-def _points_of(series: _Series) -> tuple[bool | None, Mapping[Any, tuple[Any, Any]]] | None:
-    """A series' points now: (monotonic or None for a gauge, {key: (value, attributes)}).
+def _points_of(series: _Series) -> Mapping[Any, tuple[Any, Any]] | None:
+    """A series' points now: {key: (value, attributes)}, or None if it is unavailable.
 
     The attributes are a ``FrozenAttributes`` or a dict. A last-value series' own table is
     returned as it is: the one shown (replaced at each step, never changed) or a copy.
     """
     if isinstance(series, _LastValue):
         shown = series.shown
-        monotonic = series.monotonic if isinstance(series, _RunningTotal) else None
-        return monotonic, series.points.copy() if shown is None else shown
+        return series.points.copy() if shown is None else shown
     if isinstance(series, _Histogram):
-        return None, {key: (point, point.attributes) for key, point in series.points.items()}
+        return {key: (point, point.attributes) for key, point in series.points.items()}
     if isinstance(series, _Observed):
         if isinstance(series.spec.callback, StatsReader):  # async_tee's own: no Observations
-            return _SUMS.get(series.spec.kind), series.spec.callback.points()
+            return series.spec.callback.points()
         observed: dict[Any, tuple[Any, Any]] = {}
         for observation in series.callback(_OPTIONS):
             attributes = dict(observation.attributes or {})
             observed[_hashable(attributes)] = (observation.value, attributes)
-        return _SUMS.get(series.spec.kind), observed
+        return observed
     return None  # unavailable: its creation failed and warned
+
+
+def _monotonic(series: _Series) -> bool | None:
+    """A sum's monotonicity, or None for a gauge or the histogram."""
+    if isinstance(series, _RunningTotal):
+        return series.monotonic
+    if isinstance(series, _Observed):
+        return _SUMS.get(series.spec.kind)
+    return None
+
+
+class _Gathered:
+    """One export's series with points: their places in the groups, the series, their points."""
+
+    __slots__ = ("indices", "points", "series")
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+        self.series: list[_Series] = []
+        self.points: list[Mapping[Any, tuple[Any, Any]]] = []
 
 
 def _hashable(attributes: dict[str, Any]) -> Any:
