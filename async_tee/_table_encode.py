@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from operator import eq
 from typing import TYPE_CHECKING, Any
 
@@ -28,17 +29,28 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from async_tee._encode import EncodedRequest
 from async_tee._gil import budget
 from async_tee._selfmetrics import StatsReader
-from async_tee.registry import _Histogram, _LastValue, _Observed, _RunningTotal
+from async_tee.registry import (
+    FrozenAttributes,
+    HistogramPoint,
+    _Histogram,
+    _LastValue,
+    _Observed,
+    _RunningTotal,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
     from async_tee.registry import InstrumentRegistry, _Series
 
+_Points = dict[Any, tuple[Any, Any]]
+"""A series' points: {attribute key: (value, attributes)}."""
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-SPEND_EVERY = 16
-"""Points gathered or written between two offers of the GIL (``_gil``); a series with more
-points is one unit, and an observable callback always is."""
+SPEND_EVERY = 64
+"""Points gathered between two offers of the GIL (``_gil``); a series with more points is
+one unit, and an observable callback always is."""
+FILL_EVERY = 256
+"""Points written between two offers of the GIL: a few tens of µs of C calls."""
 _SUMS = {"observable_counter": True, "observable_up_down_counter": False}
 
 
@@ -106,20 +118,25 @@ class TableEncoder:
         for group in self._groups:
             for series in (self._registry.instruments(group) or {}).values():
                 index += 1
-                try:
-                    points = _points_of(series)
-                except Exception:  # noqa: BLE001 - one series must not cost the export
-                    self._registry.counts.errors += 1
-                    points = None
+                points: _Points | None
+                if isinstance(series, _LastValue):  # most series: their own table
+                    shown = series.shown
+                    points = series.points.copy() if shown is None else shown
+                else:
+                    try:
+                        points = _points_of(series)
+                    except Exception:  # noqa: BLE001 - one series must not cost the export
+                        self._registry.counts.errors += 1
+                        points = None
+                    if isinstance(series, _Observed):  # an owner's callback: its own unit
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise TimeoutError("the observable callbacks ran past the timeout")
+                        unspent = SPEND_EVERY
                 if points:
                     indices.append(index)
                     series_list.append(series)
                     points_list.append(points)
                     unspent += len(points)
-                if isinstance(series, _Observed):  # an owner's callback: its own unit
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError("the observable callbacks ran past the timeout")
-                    unspent = SPEND_EVERY
                 if unspent >= SPEND_EVERY:
                     spend()
                     unspent = 0
@@ -148,7 +165,7 @@ class TableEncoder:
         scope_metrics = resource_metrics.scope_metrics.add()
         scope_metrics.scope.name, scope_metrics.scope.version = self._scope
         marks = _Markers()
-        slots: list[list[Any]] = []  # per series, per point: its markers
+        slots: list[Any] = []  # per point, in order: its markers
         spend = budget().spend
         for series, points in zip(gathered.series, gathered.points, strict=True):
             monotonic = _monotonic(series)
@@ -167,11 +184,11 @@ class TableEncoder:
                 data.aggregation_temporality = _CUMULATIVE
                 data.is_monotonic = monotonic
             starts = monotonic is not None and not histogram
-            marked: list[Any] = []
-            slots.append(marked)
             for key, (value, attributes) in points.items():
                 point = data.data_points.add()
-                mapping = getattr(attributes, "mapping", attributes)  # FrozenAttributes, or a dict
+                mapping: Mapping[str, Any] = (  # a FrozenAttributes, or a dict
+                    attributes.mapping if isinstance(attributes, FrozenAttributes) else attributes
+                )
                 point.attributes.extend(_key_value(k, v) for k, v in mapping.items())
                 if starts:
                     point.start_time_unix_nano = self._starts.setdefault((spec.name, key), now)
@@ -184,10 +201,10 @@ class TableEncoder:
                     point.sum, point.min, point.max = (marks.new_double() for _ in range(3))
                     fields = (point.start_time_unix_nano, point.count, *buckets[:1])
                     doubles = (point.sum, point.min, point.max)
-                    marked.append((time_mark, (*fields, *map(_bits, doubles))))
+                    slots.append((time_mark, (*fields, *map(_bits, doubles))))
                 else:
                     point.as_int = value_mark = marks.new()
-                    marked.append((time_mark, value_mark))
+                    slots.append((time_mark, value_mark))
             spend()
         self._indices = gathered.indices
         self._keys = [tuple(points) for points in gathered.points]
@@ -195,39 +212,39 @@ class TableEncoder:
         return _Template(request.SerializeToString(), marks, slots)
 
     def _fill(self, gathered: _Gathered, now: int) -> bytes:
-        """The kept bytes with every point's value and time written: this export's request."""
+        """The kept bytes with every point's value and time written: this export's request.
+
+        One pass over every point in order (the kept slots are in the same order), in runs
+        of ``FILL_EVERY`` with an offer of the GIL between them.
+        """
         template = self._template
         assert template is not None
-        buffer, offsets = template.buffer, template.offsets
+        buffer, slots = template.buffer, template.slots
         spend = budget().spend
         write_double, write_int = _TIME_DOUBLE.pack_into, _TIME_INT.pack_into
-        unspent = 0
-        for series, points, slots in zip(gathered.series, gathered.points, offsets, strict=True):
-            unspent += len(points)
-            if unspent >= SPEND_EVERY:
-                spend()
-                unspent = 0
-            if isinstance(series, _Histogram):
-                for (value, _attributes), (at_time, at_fields) in zip(
-                    points.values(), slots, strict=True
-                ):
-                    _UINT64.pack_into(buffer, at_time, now)
-                    _fill_histogram(buffer, at_fields, value)
-                continue
-            # A number point's time, its value's tag and its value, in one write.
-            for (value, _attributes), at_time in zip(points.values(), slots, strict=True):
+        points: Iterator[tuple[Any, Any]] = chain.from_iterable(map(dict.values, gathered.points))
+        for start in range(0, len(slots), FILL_EVERY):
+            spend()
+            # The slots first: zip stops on them without taking a point past the run.
+            for at, (value, _attributes) in zip(
+                slots[start : start + FILL_EVERY], points, strict=False
+            ):
+                # A number point's time, its value's tag and its value, in one write.
                 if type(value) is float:  # most values: no other test
-                    write_double(buffer, at_time, now, _AS_DOUBLE, value)
+                    write_double(buffer, at, now, _AS_DOUBLE, value)
                 elif type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-                    write_int(buffer, at_time, now, _AS_INT, value)
+                    write_int(buffer, at, now, _AS_INT, value)
+                elif type(value) is HistogramPoint:  # its slot: (time, the other fields)
+                    _UINT64.pack_into(buffer, at[0], now)
+                    _fill_histogram(buffer, at[1], value)
                 elif isinstance(value, int) and not isinstance(value, bool):  # an int's subclass
-                    _fill_int(buffer, at_time, now, value)
+                    _fill_int(buffer, at, now, value)
                 else:  # a bool or another number: a double
-                    write_double(buffer, at_time, now, _AS_DOUBLE, float(value))
+                    write_double(buffer, at, now, _AS_DOUBLE, float(value))
         return bytes(buffer)
 
 
-def _points_of(series: _Series) -> Mapping[Any, tuple[Any, Any]] | None:
+def _points_of(series: _Series) -> _Points | None:
     """A series' points now: {key: (value, attributes)}, or None if it is unavailable.
 
     The attributes are a ``FrozenAttributes`` or a dict. A last-value series' own table is
@@ -266,7 +283,7 @@ class _Gathered:
     def __init__(self) -> None:
         self.indices: list[int] = []
         self.series: list[_Series] = []
-        self.points: list[Mapping[Any, tuple[Any, Any]]] = []
+        self.points: list[_Points] = []
 
 
 def _hashable(attributes: dict[str, Any]) -> Any:
@@ -337,15 +354,20 @@ class _Markers:
 
 
 class _Template:
-    """A request's bytes, and the offset of each point's time and value in them."""
+    """A request's bytes, and where each point's time and value go in them."""
 
-    __slots__ = ("buffer", "offsets", "points")
+    __slots__ = ("buffer", "points", "slots")
 
-    def __init__(self, data: bytes, marks: _Markers, slots: list[list[Any]]) -> None:
-        """Find every marker once in ``data``; ``slots`` hold them per series and point.
+    def __init__(self, data: bytes, marks: _Markers, marked: list[Any]) -> None:
+        """Find every marker once in ``data``; ``marked`` holds each point's, in order.
+
+        A number point's markers are (time, value); a histogram point's (time, its other
+        fields). Its slot is the offset of its time, or for a histogram point (the time's
+        offset, the other fields' offsets).
 
         Raises:
-            RuntimeError: A marker is missing or found twice (the export fails, counted).
+            RuntimeError: A marker is missing or found twice, or a number point's value
+                does not follow its time (the export fails, counted).
         """
         self.buffer = bytearray(data)
         found: dict[int, int] = {}  # marker -> offset
@@ -359,25 +381,17 @@ class _Template:
             start = self.buffer.find(_SIGNATURE, start + 1)
         if len(found) != len(issued):
             raise RuntimeError("an OTLP request's marker was not found")
-        self.offsets: list[list[Any]] = []  # per series, per point: its time's offset, or
-        for marked in slots:  # for a histogram point (its time's, its other fields')
-            resolved = [_resolve(at, found) for at in marked]
-            if resolved and isinstance(resolved[0][1], int):  # a number point's time and value
-                if any(
-                    at_value != at_time + 9 or self.buffer[at_value - 1] != _AS_INT
-                    for at_time, at_value in resolved
-                ):  # serialized in field order, its value (field 4 or 6) follows its time (3)
-                    raise RuntimeError("an OTLP point's value does not follow its time")
-                resolved = [at_time for at_time, _at_value in resolved]
-            self.offsets.append(resolved)
-        self.points = sum(map(len, slots))
-
-
-def _resolve(at: Any, found: dict[int, int]) -> Any:
-    """Markers, or a tuple of them nested once, as their offsets."""
-    if isinstance(at, tuple):
-        return tuple(_resolve(item, found) for item in at)
-    return found[at]
+        self.slots: list[Any] = []
+        for time_mark, value_marks in marked:
+            at_time = found[time_mark]
+            if isinstance(value_marks, tuple):  # a histogram point
+                self.slots.append((at_time, tuple(found[mark] for mark in value_marks)))
+                continue
+            # Serialized in field order, a value (field 4 or 6) follows its time (3).
+            if found[value_marks] != at_time + 9 or self.buffer[at_time + 8] != _AS_INT:
+                raise RuntimeError("an OTLP point's value does not follow its time")
+            self.slots.append(at_time)
+        self.points = len(self.slots)
 
 
 class _Options:
