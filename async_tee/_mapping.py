@@ -75,6 +75,8 @@ class Store(Protocol):
 
 
 ScalarPlan = tuple[tuple[str, str, bool, "Store | None"], ...]
+ROWS_PER_OFFER = 256
+"""Declared rows mapped between two offers of the GIL (a few hundred µs at most)."""
 """Per declared row of one prefix: its ``Logger`` key, its registry key, whether it is a
 counter (fed per-step deltas), and its table (None: every value takes the registry's checks)."""
 
@@ -248,6 +250,7 @@ def scalar_values(
     first_time: Callable[[Any, str, float], bool] | None = None,
     skipped: Skipped | None = None,
     stale: bool = False,
+    spend: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Map the declared rows of one dict: ``{registry key: value}`` left to record.
 
@@ -256,10 +259,31 @@ def scalar_values(
     (``first_time``; without a step, or without ``first_time``, every value counts). An
     absent key (or None) is left out: absent means no data, never zero. A value that is
     not a scalar is left out and counted in ``skipped`` by reason; so is a gauge's value
-    from a dict of an older step (``stale``), whose counters still count.
+    from a dict of an older step (``stale``), whose counters still count. ``spend`` (the
+    worker's ``_gil`` budget) is called between runs of ``ROWS_PER_OFFER`` rows, so
+    thousands of declared rows are not one hold of the GIL.
     """
     get = metrics.get
     values: dict[str, float] = {}
+    for start in range(0, len(plan), ROWS_PER_OFFER):
+        if start and spend is not None:
+            spend()
+        _map_rows(
+            plan[start : start + ROWS_PER_OFFER], get, values, step, first_time, skipped, stale
+        )
+    return values
+
+
+def _map_rows(
+    plan: ScalarPlan,
+    get: Callable[[str], Any],
+    values: dict[str, float],
+    step: Any,
+    first_time: Callable[[Any, str, float], bool] | None,
+    skipped: Skipped | None,
+    stale: bool,
+) -> None:
+    """``scalar_values`` for a run of rows, into ``values``."""
     for logger_key, key, counted, table in plan:
         raw = get(logger_key)
         if raw is None:
@@ -280,7 +304,6 @@ def scalar_values(
             if table is not None and table.store(raw, NO_ATTRIBUTES):
                 continue
         values[key] = value
-    return values
 
 
 def efficiency_values(

@@ -20,6 +20,7 @@ from async_tee._declarations import (
     EfficiencyCategory,
     TeedMetric,
 )
+from async_tee._gil import budget
 from async_tee._mapping import (
     PCT_ATTRIBUTES,
     STALE_STEP,
@@ -59,6 +60,9 @@ _STEP_TIME_KEY = _series.STEP_TIME.key
 
 _PHASES_CACHED = 1024
 """Step phases whose attribute set is kept built; past it each is built per record."""
+
+CATEGORIES_PER_OFFER = 64
+"""Efficiency categories recorded between two offers of the GIL (``_gil``)."""
 
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
@@ -275,7 +279,8 @@ class RLRecorder:
         try:
             plan = self.bound().scalars.get(prefix, ())
             first_time = self._first_time if self.probing else self.counted.first_time
-            values = scalar_values(plan, metrics, step, first_time, self.skipped, stale)
+            spend = budget().spend
+            values = scalar_values(plan, metrics, step, first_time, self.skipped, stale, spend)
             if values:
                 self.record(values)
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
@@ -302,9 +307,12 @@ class RLRecorder:
                 )
             attributes = self.efficiency_attributes
             seconds = None if stale else self.tables().get(_EFFICIENCY_SECONDS_KEY)
-            for category, value in efficiency_values(
-                plan.efficiency, metrics, seconds, attributes, self.skipped
+            spend = budget().spend
+            for done, (category, value) in enumerate(
+                efficiency_values(plan.efficiency, metrics, seconds, attributes, self.skipped), 1
             ):
+                if done % CATEGORIES_PER_OFFER == 0:  # hundreds of categories: not one hold
+                    spend()
                 if stale:
                     self.skip(STALE_STEP)
                 else:

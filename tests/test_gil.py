@@ -18,6 +18,7 @@ from helpers import load_calls
 import async_tee
 from async_tee._gil import GilBudget, budget
 from async_tee._pipeline import Pipeline
+from async_tee.vocabulary import efficiency_categories, set_efficiency_categories
 
 
 def test_a_slice_ends_in_a_handover_once_it_has_run_its_length():
@@ -175,3 +176,39 @@ def test_with_no_reader_to_drive_settling_asks_for_no_wake():
     clock.before(1.0, time.monotonic_ns())
     clock.finished(1.0)
     assert clock.tick() is None
+
+
+def test_one_dict_of_thousands_of_rows_or_categories_is_mapped_in_runs(monkeypatch, provider):
+    """A single dict is a unit of the worker's work, but a 1,000-key one (or 300 efficiency
+    categories) is milliseconds of it: the worker offers the GIL within it."""
+    async_tee.register_teed_metrics(
+        async_tee.TeedMetric(f"scale/k{i}", f"rl.scale.k{i}", prefix="train") for i in range(1000)
+    )
+    set_efficiency_categories(
+        {
+            **efficiency_categories(),
+            **{f"idle/extra_{i}": "wall_clock" for i in range(300)},
+        }
+    )
+    offers: list[str] = []
+    original = GilBudget.spend
+
+    def spend(self: GilBudget) -> None:
+        offers.append(threading.current_thread().name)
+        original(self)
+
+    async_tee.start_telemetry(provider)
+    assert async_tee.flush(10)
+    monkeypatch.setattr(GilBudget, "spend", spend)
+    train = {f"scale/k{i}": float(i) for i in range(1000)}
+    async_tee.tee_rl_metrics_to_otel(train, "train", 1)
+    assert async_tee.flush(10)
+    rows = len(offers)
+    assert rows >= 1000 // 256
+    categories = {f"efficiency/idle/extra_{i}_s": 1.0 for i in range(300)}
+    async_tee.tee_rl_metrics_to_otel(categories, "", 1)
+    assert async_tee.flush(10)
+    assert len(offers) - rows >= 300 // 64
+    assert threading.main_thread().name not in offers  # the worker's, not the caller's
+    assert async_tee.stats()["recorded"] == 2
+    assert async_tee.shutdown_telemetry(10)
