@@ -329,14 +329,23 @@ class RLRecorder:
     def tee_step_phases(self, metrics: Mapping[str, Any], stale: bool = False) -> None:
         """Emit a ``timing/train`` dict's phases as ``rl.step.phase.duration{rl.step.phase}``.
 
-        Every key no row reads is a phase (``_mapping.step_phase_values``).
+        Every key no row reads is a phase (``_mapping.step_phase_values``). A finite float
+        for a phase seen before is one store into the table; the rest goes through the
+        registry's checks.
         """
         try:
             rows = self.bound().phase_rows
+            table = None if stale else self.tables().get(_STEP_PHASE_KEY)
             for phase, seconds in step_phase_values(metrics, rows, self.skipped):
                 if stale:
                     self.skip(STALE_STEP)
-                else:
-                    self.record({_STEP_PHASE_KEY: seconds}, self._phase_attributes(phase))
+                    continue
+                attributes = self._phase_attributes(phase)
+                if (
+                    table is None
+                    or not isinstance(attributes, FrozenAttributes)
+                    or not table.store(seconds, attributes)
+                ):
+                    self.record({_STEP_PHASE_KEY: seconds}, attributes)
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:phases", "async_tee: teeing the step phases failed")
