@@ -356,13 +356,16 @@ def unknown_categories(metrics: Mapping[str, Any], read: frozenset[str]) -> list
     A category the trainer added after the map was written would otherwise be lost in
     silence; the caller counts and names them.
     """
+    left = metrics.keys() - read  # in C: most dicts hold no key nothing reads
+    if not left:
+        return []
     return [
         key
         for key in metrics
-        if isinstance(key, str)
+        if key in left
+        and isinstance(key, str)
         and key.startswith(EFFICIENCY_KEY_PREFIX)
         and key.endswith(EFFICIENCY_SECONDS_SUFFIX)
-        and key not in read
     ]
 
 

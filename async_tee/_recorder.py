@@ -245,7 +245,9 @@ class RLRecorder:
             if values:
                 self.record(values)
             for table in self.per_step_tables():
-                table.publish()
+                # Publishing a table empty now and shown empty changes nothing: skipped.
+                if table.points or table.shown is None or table.shown:
+                    table.publish()
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")
 
