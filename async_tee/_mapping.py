@@ -75,10 +75,10 @@ class Store(Protocol):
 
 
 ScalarPlan = tuple[tuple[str, str, bool, "Store | None"], ...]
-ROWS_PER_OFFER = 256
-"""Declared rows mapped between two offers of the GIL (a few hundred µs at most)."""
 """Per declared row of one prefix: its ``Logger`` key, its registry key, whether it is a
 counter (fed per-step deltas), and its table (None: every value takes the registry's checks)."""
+ROWS_PER_OFFER = 256
+"""Declared rows mapped between two offers of the GIL (a few hundred µs at most)."""
 
 EfficiencyPlan = tuple[tuple[str, str], ...]
 """Per known category: its ``Logger`` seconds key and the category."""
