@@ -48,8 +48,27 @@ _EXPORTER_LOGGERS = (
 """Where the SDK's OTLP exporters say why an export failed (their return value does not)."""
 
 
+_DEADLINE_ARTIFACT = "timeout cannot be set to a value less than or equal to 0"
+"""urllib3's refusal of a zero timeout: the OTLP/HTTP exporter's retry began with no time
+left (it passes ``max(deadline - now, 0)``), which says nothing of why the export failed."""
+
+
+def failure_reason(previous: str, new: str) -> str:
+    """Why exports fail, given the reason kept and a new one.
+
+    The new one, unless it is the exporter's deadline artifact (``_DEADLINE_ARTIFACT``) and
+    a reason is already kept.
+    """
+    return previous if previous and _DEADLINE_ARTIFACT in new else new
+
+
 class _LastError(logging.Filter):
-    """Keeps the last warning an OTLP exporter logged: why its last export failed."""
+    """Keeps the last warning an OTLP exporter logged: why its last export failed.
+
+    The exporter's own deadline artifact (``_DEADLINE_ARTIFACT``) does not replace the
+    reason logged before it: after a TLS failure and a retry that ran out of time, the
+    reason is still the TLS failure.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,7 +77,7 @@ class _LastError(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
             with contextlib.suppress(Exception):
-                self.text = record.getMessage()[:300]
+                self.text = failure_reason(self.text, record.getMessage()[:300])
         return True
 
 

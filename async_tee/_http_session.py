@@ -41,6 +41,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from async_tee._export import failure_reason
 from async_tee._reporting import warn_once
 
 MAX_RETRY_AFTER_S = 600.0
@@ -151,7 +152,8 @@ class ExporterSession(requests.Session, _Polite):
         try:
             return super().request(method, url, *args, **kwargs)
         except requests.exceptions.RequestException as exc:  # not the exporter's own misuse
-            self.last_error = f"{type(exc).__name__}: {exc}"  # (a retry with no time left)
+            # (a retry with no time left keeps the reason before it)
+            self.last_error = failure_reason(self.last_error, f"{type(exc).__name__}: {exc}")
             raise
 
     def _on_response(self, response: requests.Response, *_: Any, **__: Any) -> None:
@@ -206,7 +208,8 @@ def exporter_transport(endpoint: str) -> Any:
                 return Urllib3HTTPResult(error=ProtocolError("the transport was aborted"))
             result = super().request(method, url, **kwargs)
             if result.error is not None or result.status_code is None:
-                self.last_error = f"{type(result.error).__name__}: {result.error}"
+                error = f"{type(result.error).__name__}: {result.error}"
+                self.last_error = failure_reason(self.last_error, error)
             else:
                 headers = result.headers()
                 self._note_answer(result.status_code, result.reason, headers.get("retry-after"))

@@ -241,3 +241,24 @@ def test_retry_after_holds_exports_until_it_ends_and_the_newest_step_goes_first(
     assert async_tee.shutdown_telemetry(3) is False  # refused, so not delivered...
     assert sink.requests["http"] == 2  # ...but the last state was offered once at the end
     assert async_tee.stats()["steps"]["coalesced"] >= 10  # the held steps, counted
+
+
+def test_a_retry_that_ran_out_of_time_keeps_the_reason_logged_before_it():
+    """The OTLP/HTTP exporter's retry with no time left fails in urllib3 ("timeout cannot be
+    set to ... 0"): the reason users see stays the one before it (here the TLS failure)."""
+    import logging
+
+    from async_tee._export import _LastError, failure_reason
+
+    artifact = (
+        "ValueError: Attempted to set total timeout to 0.0, but the timeout cannot be set "
+        "to a value less than or equal to 0."
+    )
+    tls = "SSLError: [SSL: WRONG_VERSION_NUMBER] wrong version number"
+    assert failure_reason(tls, artifact) == tls
+    assert failure_reason("", artifact) == artifact  # nothing better to say
+    assert failure_reason(tls, "HTTP 401 Unauthorized") == "HTTP 401 Unauthorized"
+    kept = _LastError()
+    for text in (tls, artifact):
+        kept.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, text, None, None))
+    assert kept.text == tls
