@@ -119,8 +119,8 @@ class TableEncoder:
             for series in (self._registry.instruments(group) or {}).values():
                 index += 1
                 points: _Points | None
-                if isinstance(series, _LastValue):  # most series: their own table
-                    shown = series.shown
+                if isinstance(series, _LastValue):  # most series: their own table, as it is:
+                    shown = series.shown  # the one shown (replaced each step, never changed)
                     points = series.points.copy() if shown is None else shown
                 else:
                     try:
@@ -245,14 +245,11 @@ class TableEncoder:
 
 
 def _points_of(series: _Series) -> _Points | None:
-    """A series' points now: {key: (value, attributes)}, or None if it is unavailable.
+    """A histogram's or an observable series' points now, or None if it is unavailable.
 
-    The attributes are a ``FrozenAttributes`` or a dict. A last-value series' own table is
-    returned as it is: the one shown (replaced at each step, never changed) or a copy.
+    ``{key: (value, attributes)}``, the attributes a ``FrozenAttributes`` or a dict. A
+    last-value series' own table ``_gather`` reads itself.
     """
-    if isinstance(series, _LastValue):
-        shown = series.shown
-        return series.points.copy() if shown is None else shown
     if isinstance(series, _Histogram):
         return {key: (point, point.attributes) for key, point in series.points.items()}
     if isinstance(series, _Observed):
