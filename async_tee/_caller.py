@@ -82,6 +82,12 @@ def attach(
     _QUEUE = queue
 
 
+def detach(queue: DropOldestQueue[Snapshot]) -> None:
+    """Turn the tee off if it points at ``queue`` (it stops enqueuing at once)."""
+    if _QUEUE is queue:
+        attach(None)
+
+
 def attached() -> DropOldestQueue[Snapshot] | None:
     """The queue the tee puts on now, or None."""
     return _QUEUE

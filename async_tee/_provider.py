@@ -9,41 +9,55 @@ delay exit against a stalled collector, so async_tee registers its own, bounded 
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import threading
-from typing import TYPE_CHECKING, cast
+import time
+from typing import TYPE_CHECKING, Any, cast
 
+from async_tee._delivery import ExportCounts
 from async_tee._exporters import EXPORTER_KINDS, ExporterState, Started, close_servers
 from async_tee._policy import StepPolicy
-from async_tee._reporting import logger
+from async_tee._reporting import logger, warn_once
 from async_tee._settings import Settings
+from async_tee._version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
 
-    from async_tee._delivery import ExportCounts
     from async_tee._export import ExportingReader
+    from async_tee.registry import InstrumentRegistry
 
 
-@dataclasses.dataclass
-class BuiltProvider:
-    """A session's provider, with what async_tee started for it: readers, servers, exporters.
+class Exports:
+    """A session's provider and what async_tee started for it; the health of its exports.
 
-    For a provider passed in (``owned`` False, any API provider) all three are empty: it
-    is yours. One async_tee built is the SDK's.
+    For a provider passed in (``owned`` False, any API provider) there are no readers,
+    servers or exporters: it is yours. One async_tee built is the SDK's, and its push
+    exports are counted into :attr:`counts` by trigger and result: the evidence behind
+    "delivered" (docs/semantics.md §7).
     """
 
-    provider: MeterProvider
-    readers: list[MetricReader]
-    started: Started
-    exporters: list[ExporterState] = dataclasses.field(default_factory=list)
-    owned: bool = True
+    def __init__(
+        self,
+        provider: MeterProvider,
+        readers: list[MetricReader],
+        started: Started,
+        exporters: list[ExporterState],
+        counts: ExportCounts,
+        owned: bool = True,
+    ) -> None:
+        self.provider = provider
+        self.readers = readers
+        self.started = started
+        self.exporters = exporters
+        self.counts = counts
+        self.owned = owned
 
     @classmethod
-    def adopted(cls, provider: MeterProvider) -> BuiltProvider:
+    def adopted(cls, provider: MeterProvider) -> Exports:
         """A provider passed in: async_tee records into it and starts nothing of its own."""
-        return cls(provider, [], Started(), owned=False)
+        return cls(provider, [], Started(), [], ExportCounts(), owned=False)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -65,6 +79,118 @@ class BuiltProvider:
     def step_reader(self) -> ExportingReader | None:
         """The reader the worker drives at step boundaries, if any (OTLP, step export on)."""
         return next((reader for reader in self.push_readers if reader.step_aligned), None)
+
+    def use_tables(self, instruments: InstrumentRegistry, groups: tuple[str, ...]) -> None:
+        """Build OTLP exports from ``groups``' tables where they can be (``ASYNC_TEE_ENCODER``)."""
+        from async_tee._table_encode import TableEncoder  # the OTLP proto loads here
+
+        resource = getattr(getattr(self.provider, "_sdk_config", None), "resource", None)
+        for reader in self.push_readers:
+            if reader.name == "otlp" and reader.takes_requests and resource is not None:
+                reader.use_tables(
+                    TableEncoder(instruments, groups, resource, "async_tee", __version__)
+                )
+
+    def failing(self) -> dict[str, str]:
+        """The exporters whose last exports all failed, with why the last one did."""
+        return {
+            reader.name: reader.last_error or "the exporter logged no reason"
+            for reader in self.push_readers
+            if reader.failing
+        }
+
+    @property
+    def working(self) -> bool:
+        """Whether something can leave the process.
+
+        True with no exporter asked for (a provider of yours), or one that started and is
+        not failing (``FAILING_AFTER`` exports in a row failed).
+        """
+        failing = self.failing()
+        return not self.exporters or any(
+            state.started and state.name not in failing for state in self.exporters
+        )
+
+    def states(self) -> dict[str, dict[str, str]]:
+        """``stats()["exporters"]``: each one's state, ``failing`` with its last error."""
+        states = {state.name: state.as_dict() for state in self.exporters}
+        for name, error in self.failing().items():
+            if name in states:
+                states[name] = {**states[name], "state": "failing", "error": error}
+        return states
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` a pulled exporter (Prometheus) serves ``/metrics`` on, if it started."""
+        for state in self.exporters:
+            if not EXPORTER_KINDS[state.name].pushed and state.started:
+                host, _, port = state.where.rpartition(":")
+                return host, int(port)
+        return None
+
+    def figures(self) -> dict[str, Any]:
+        """The exports' part of ``stats()``: attempts by result and trigger, a dead thread."""
+        readers = self.push_readers
+        return {
+            "exports": self.counts.totals(),
+            "exports_by_trigger": self.counts.snapshot(),
+            "export_thread_died": int(
+                any(not r.thread.is_alive() and not r.stopped for r in readers)
+            ),
+        }
+
+    def export_now(self, deadline: float) -> bool:
+        """Export what is recorded now on every push reader, by ``deadline`` (monotonic)."""
+        done = True
+        for reader in self.push_readers:
+            remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+            done = reader.force_flush(remaining_ms) and done
+        return done
+
+    def shutdown(self, deadline: float) -> bool:
+        """Shut down a provider async_tee built by ``deadline`` (monotonic), even if the SDK is not.
+
+        Returns:
+            Whether delivery has evidence: the final export (made by the provider's shutdown)
+            succeeded, no export failed meanwhile, and every exporter asked for started. A
+            reader stuck in an earlier export never makes it, and then nothing was delivered.
+        """
+        if not self.owned:
+            return True
+        provider = self.provider
+        before = self.counts.totals()
+        pushes = any(EXPORTER_KINDS[state.name].pushed for state in self.exporters)
+        outcome: list[bool] = []
+
+        def run() -> None:
+            try:
+                remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+                provider.shutdown(timeout_millis=remaining_ms)  # type: ignore[attr-defined]
+                outcome.append(True)
+            except Exception:  # noqa: BLE001 - the SDK's shutdown can raise
+                warn_once("shutdown:provider", "async_tee: shutting down the MeterProvider failed")
+                outcome.append(False)
+
+        thread = threading.Thread(target=run, name="async-tee-shutdown", daemon=True)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        close_servers(self.started.servers)
+        after = self.counts.totals()
+        exported = not pushes or after["success"] > before["success"]
+        every_one_started = all(state.started for state in self.exporters)
+        return (
+            bool(outcome and outcome[0])
+            and exported
+            and after["failure"] == before["failure"]
+            and every_one_started
+        )
+
+    def close_unopened(self) -> None:
+        """A session that failed to open: shut down what was built here at once."""
+        if self.owned:
+            with contextlib.suppress(Exception):
+                self.provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
+            close_servers(self.started.servers)
 
 
 def _readers(
@@ -97,12 +223,10 @@ def _readers(
     return readers
 
 
-def build_meter_provider(
-    settings: Settings, policy: StepPolicy, counts: ExportCounts
-) -> BuiltProvider:
+def build_exports(settings: Settings, policy: StepPolicy) -> Exports:
     """Build a provider with the readers ``settings`` name, or none for ``none``.
 
-    Every push export's result is counted into ``counts``, by trigger.
+    Every push export's result is counted into the exports' ``counts``, by trigger.
 
     Raises:
         Exception: Whatever the SDK raises on a bad setting; the session's ``open``
@@ -112,6 +236,7 @@ def build_meter_provider(
     from opentelemetry.sdk.resources import Resource
 
     resource = Resource.create(dict(settings.resource_attributes))
+    counts = ExportCounts()
     started = Started()
     exporters: list[ExporterState] = []
     try:
@@ -121,4 +246,4 @@ def build_meter_provider(
     except BaseException:
         close_servers(started.servers)  # no server outlives a provider that was never built
         raise
-    return BuiltProvider(provider, readers, started, exporters)
+    return Exports(provider, readers, started, exporters, counts)

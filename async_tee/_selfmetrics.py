@@ -33,14 +33,19 @@ class StatsReader:
     export with hundreds of sets (``non_finite{series}``) makes next to nothing new.
     """
 
-    __slots__ = ("_kept", "_path", "_split_by", "_stats")
+    __slots__ = ("_kept", "_path", "_split_by", "_stats", "series")
 
-    def __init__(self, stats: StatsSource, series: _series.Series) -> None:
-        self._stats = stats
+    def __init__(self, series: _series.Series, stats: StatsSource | None = None) -> None:
+        self.series = series
+        self._stats = stats or _no_session
         # "steps.coalesced" reads stats()["steps"]["coalesced"]
         self._path = tuple(series.stats_field.split("."))
         self._split_by = series.attributes
         self._kept: dict[tuple[Any, ...], _KeptSet] = {}
+
+    def reading(self, stats: StatsSource) -> StatsReader:
+        """This series' reader of ``stats`` (the registry's it is created on)."""
+        return StatsReader(self.series, stats)
 
     def _field(self) -> Any:
         value: Any = self._stats()
@@ -96,8 +101,12 @@ class _KeptSet:
         self.point: tuple[Any, dict[str, Any]] | None = None
 
 
-def self_metric_specs(stats: StatsSource) -> list[MetricSpec]:
-    """The ``async_tee`` group's specs; the observable ones read ``stats()``."""
+def _no_session() -> Mapping[str, Any]:
+    raise LookupError("no session records into this meter")
+
+
+def self_metric_specs() -> list[MetricSpec]:
+    """The ``async_tee`` group's specs; the observable ones read their registry's ``stats()``."""
     return [
         MetricSpec(
             series.key,
@@ -105,7 +114,7 @@ def self_metric_specs(stats: StatsSource) -> list[MetricSpec]:
             series.kind,
             series.unit,
             series.description,
-            StatsReader(stats, series) if series.stats_field else None,
+            StatsReader(series) if series.stats_field else None,
             buckets=_series.LAG_BUCKETS_MS if series.key == _series.LAG_KEY else None,
         )
         for series in _series.SELF

@@ -28,7 +28,6 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from async_tee._encode import EncodedRequest
 from async_tee._gil import budget
-from async_tee._selfmetrics import StatsReader
 from async_tee.registry import (
     FrozenAttributes,
     HistogramPoint,
@@ -253,8 +252,8 @@ def _points_of(series: _Series) -> _Points | None:
     if isinstance(series, _Histogram):
         return {key: (point, point.attributes) for key, point in series.points.items()}
     if isinstance(series, _Observed):
-        if isinstance(series.spec.callback, StatsReader):  # async_tee's own: no Observations
-            return series.spec.callback.points()
+        if series.reader is not None:  # async_tee's own: no Observations
+            return series.reader.points()
         observed: dict[Any, tuple[Any, Any]] = {}
         for observation in series.callback(_OPTIONS):
             attributes = dict(observation.attributes or {})

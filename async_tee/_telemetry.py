@@ -42,11 +42,6 @@ def active() -> Pipeline | None:
     return pipeline if pipeline is not None and pipeline.is_open else None
 
 
-def last() -> Pipeline | DisabledSession:
-    """The running session, or the last one that started (what ``stats()`` reads)."""
-    return _LAST
-
-
 def _checked_overrides(
     queue_size: int | None, drain_interval_s: float | None, shutdown_timeout_s: float | None
 ) -> dict[str, Any]:
@@ -132,7 +127,7 @@ def start_telemetry(
             if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
                 # Once per process, like every group: its callbacks read the session now
                 # running (or the last one), whichever meter they were created on.
-                register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs(_export_stats))
+                register_metric_group(_series.SELF_METRIC_GROUP, self_metric_specs())
             pipeline = Pipeline.open(settings, meter_provider)
         except Exception:  # noqa: BLE001 - a bad exporter setting must not stop training
             warn_once("start", "async_tee: could not start telemetry; the tee stays a no-op")
@@ -196,23 +191,11 @@ def stats() -> dict[str, Any]:
         that the worker has not yet seen; after ``flush`` they are in ``dropped``.
         ``enqueued`` counts end-of-step markers (§9) with the dicts.
     """
-    return _guarded_stats(lag_percentiles=True)
-
-
-def _guarded_stats(lag_percentiles: bool) -> dict[str, Any]:
-    session = _LAST
     try:
-        if isinstance(session, Pipeline) and not lag_percentiles:
-            return session.export_stats()
-        return session.stats(lag_percentiles)
+        return _LAST.stats()
     except Exception:  # noqa: BLE001 - observability must not break the observed
         warn_once("stats", "async_tee: computing stats failed")
     return NO_SESSION.stats()
-
-
-def _export_stats() -> dict[str, Any]:
-    """What the ``async_tee.*`` callbacks read: one snapshot per collection, no lag sort."""
-    return _guarded_stats(lag_percentiles=False)
 
 
 def shutdown_telemetry(timeout_s: float | None = None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -88,43 +89,56 @@ class Counts:
         self.shutdown = shutdown
 
 
+class Consumer:
+    """What a worker does with the items it drains, on its thread; all but ``process`` optional."""
+
+    def process(self, item: Any) -> None:
+        """Called with each item, oldest first; an exception is counted as a dropped item."""
+        raise NotImplementedError
+
+    def after_drain(self, flushing: bool) -> float | None:
+        """Called after each drain (``flushing``: a flush waits on it).
+
+        Returns:
+            The seconds until the consumer needs the worker again (the next wake comes no
+            later), or None.
+        """
+        return None
+
+    def on_lag(self, lag_ms: float) -> None:
+        """Called once a drain with its oldest item's enqueue-to-record lag, in ms."""
+
+    def on_death(self) -> None:
+        """Called if the worker's loop ever ends before ``stop``."""
+
+
 class Worker:
     """Drains one ``DropOldestQueue`` on a daemon thread named ``async-tee-worker``."""
 
     def __init__(
         self,
         queue: DropOldestQueue[Any],
-        process: Callable[[Any], None],
+        consumer: Consumer,
         drain_interval_s: float,
-        on_lag: Callable[[float], None] | None = None,
-        after_drain: Callable[[bool], float | None] | None = None,
-        on_death: Callable[[], None] | None = None,
         trickle_interval_s: float = IDLE_DRAIN_INTERVAL_S,
     ) -> None:
         """Prepare a worker; ``start`` runs it.
 
         Args:
             queue: The hand-off queue this worker alone consumes.
-            process: Called on the worker thread with each item, oldest first.
+            consumer: What is done with each item, on the worker thread (``lags_ms`` and
+                ``max_lag_ms`` keep every item's lag; the consumer hears each drain's).
             drain_interval_s: The shortest the worker sleeps between drains.
-            on_lag: Called once a drain with its oldest item's enqueue-to-record lag, in ms
-                (``lags_ms`` and ``max_lag_ms`` keep every item's).
-            after_drain: Called on the worker thread after each drain; returns the seconds
-                until it needs the worker again (the next wake comes no later), or None.
-            on_death: Called on the worker thread if its loop ever ends before ``stop``.
             trickle_interval_s: The longest sleep while dicts keep arriving (see
                 ``_next_sleep``): no longer than steps may be exported apart, so each
                 exportable step gets a drain of its own and its own export.
         """
         self.queue = queue
-        self._process = process
+        self.consumer = consumer
         self._interval = drain_interval_s
         self._idle_interval = max(drain_interval_s, IDLE_DRAIN_INTERVAL_S)
         self._trickle_interval = min(max(drain_interval_s, trickle_interval_s), self._idle_interval)
         self._wake_target = min(WAKE_TARGET, max(1, queue.capacity // 4))
-        self._on_lag = on_lag
-        self._after_drain = after_drain
-        self._on_death = on_death
         self.died = False  # the loop ended without being stopped
         self.counts = Counts(0, 0, 0, 0, 0)
         self.lags_ms: deque[float] = deque(maxlen=LAG_SAMPLES)
@@ -164,8 +178,8 @@ class Worker:
             self.died = not self._stopping
             self._ready.set()
             self._release_waiters(force=True)
-            if self.died and self._on_death is not None:
-                self._on_death()
+            if self.died:
+                self.consumer.on_death()
 
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -210,11 +224,9 @@ class Worker:
         return min(max(self._wake_target / rate, self._interval), self._trickle_interval)
 
     def _call_after_drain(self) -> float | None:
-        if self._after_drain is None:
-            return None
         try:
             with self.busy:
-                return self._after_drain(bool(self._waiters))
+                return self.consumer.after_drain(bool(self._waiters))
         except BaseException:  # the hook must not stop the loop
             if sys.is_finalizing():
                 raise
@@ -252,10 +264,10 @@ class Worker:
             lag_ms = self._account(batch)
             if oldest_lag_ms is None:
                 oldest_lag_ms = lag_ms
-        if oldest_lag_ms is not None and self._on_lag is not None:
+        if oldest_lag_ms is not None:
             # One observation a drain (its oldest dict's lag: the drain's worst), not one a
             # dict: an SDK histogram record costs more than mapping a dict.
-            self._on_lag(oldest_lag_ms)
+            self.consumer.on_lag(oldest_lag_ms)
         return found
 
     def _account(self, batch: list[tuple[Any, int]], discard: bool = False) -> float | None:
@@ -267,7 +279,7 @@ class Worker:
         c = self.counts
         expected, recorded, overflow = c.next_expected, c.recorded, c.overflow
         errors, shutdown = c.errors, c.shutdown
-        process = self._process
+        process = self.consumer.process
         spend = budget().spend  # every slice of recording, the GIL goes back to training
         oldest_lag_ms: float | None = None
         for item, seq in batch:
@@ -425,3 +437,42 @@ class Worker:
     def pending(self) -> int:
         """Items put but not yet accounted for (queued, in flight, or dropped unseen)."""
         return self.queue.enqueued() - self.counts.next_expected
+
+    def figures(self) -> dict[str, Any]:
+        """The hand-off's part of ``stats()``: every call is recorded, dropped or pending.
+
+        ``enqueued == recorded + dropped + pending`` always; a call whose snapshot failed
+        on the caller's side was handed over and dropped (``snapshot``).
+        """
+        counts, queue = self.counts, self.queue
+        snapshot_failures = queue.caller_errors
+        enqueued = queue.enqueued() + snapshot_failures
+        dropped_by_reason = {
+            "overflow": counts.overflow,
+            "error": counts.errors,
+            "shutdown": counts.shutdown,
+            "snapshot": snapshot_failures,
+        }
+        if self.abandoned:  # shut down with the worker stuck: nothing pending will be recorded
+            dropped_by_reason["shutdown"] += (
+                enqueued - counts.recorded - sum(dropped_by_reason.values())
+            )
+        dropped = sum(dropped_by_reason.values())
+        return {
+            "enqueued": enqueued,
+            "recorded": counts.recorded,
+            "dropped": dropped,
+            "pending": enqueued - counts.recorded - dropped,
+            "capacity": queue.capacity,
+            "dropped_by_reason": dropped_by_reason,
+            "worker_died": int(self.died),
+        }
+
+    def lag_figures(self) -> dict[str, float | int]:
+        """``stats()["lag_ms"]``: the recent lags' p50 and p99 (nearest rank), the max ever."""
+        lags = sorted(self.lags_ms)
+
+        def pick(q: float) -> float:  # nearest rank, as the demo and benchmarks report
+            return lags[max(0, math.ceil(q * len(lags)) - 1)] if lags else 0.0
+
+        return {"p50": pick(0.5), "p99": pick(0.99), "max": self.max_lag_ms, "samples": len(lags)}

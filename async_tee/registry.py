@@ -36,6 +36,7 @@ from async_tee._declarations import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
 from async_tee._gil import budget
 from async_tee._prometheus_names import check_prometheus_names
 from async_tee._reporting import warn_once
+from async_tee._selfmetrics import StatsReader
 from async_tee.vocabulary import as_scalar
 
 if TYPE_CHECKING:
@@ -363,16 +364,18 @@ class _Histogram(_Series):
 class _Observed(_Series):
     """An observable row whose owner supplies the callback; recording to it is an error."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("callback", "reader")
 
     def __init__(
         self,
         spec: MetricSpec,
         owner: InstrumentRegistry,
         callback: Callable[[CallbackOptions], Iterable[Observation]],
+        reader: StatsReader | None = None,
     ) -> None:
         super().__init__(spec, owner)
         self.callback = callback  # the guarded callback the SDK's instrument calls too
+        self.reader = reader  # async_tee's own series: its reader of the registry's stats
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         self.owner.counts.rejected += 1
@@ -422,6 +425,19 @@ class InstrumentRegistry:
         self.counts = RegistryCounts()
         self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
         self.lock = threading.Lock()
+        # What async_tee's own series read: the stats of the session recording into this meter.
+        self.stats_source: Callable[[], Mapping[str, Any]] | None = None
+
+    def stats(self) -> Mapping[str, Any]:
+        """The stats of the session recording into this meter (async_tee's own series read them).
+
+        Raises:
+            LookupError: No session records into this meter.
+        """
+        source = self.stats_source
+        if source is None:
+            raise LookupError("no session records into this meter")
+        return source()
 
     def begin_session(self, max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS) -> None:
         """Start counting afresh, with this bound for the series created from now on.
@@ -475,9 +491,14 @@ class InstrumentRegistry:
                 "observable_counter": meter.create_observable_counter,
                 "observable_up_down_counter": meter.create_observable_up_down_counter,
             }[kind]
-            callback = self._guarded_callback(spec)
+            reader = spec.callback
+            if isinstance(reader, StatsReader):  # async_tee's own: reads this registry's stats
+                reader = reader.reading(self.stats)
+            callback = self._guarded_callback(spec, reader)
             create_observable(spec.name, callbacks=[callback], **common)
-            return _Observed(spec, self, callback)
+            return _Observed(
+                spec, self, callback, reader if isinstance(reader, StatsReader) else None
+            )
         series: _LastValue
         if kind == "gauge":
             series = _LastValue(spec, self, Observation)
@@ -491,10 +512,9 @@ class InstrumentRegistry:
         return series
 
     def _guarded_callback(
-        self, spec: MetricSpec
+        self, spec: MetricSpec, callback: Callable[[CallbackOptions], Iterable[Observation]] | None
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         """Wrap an owner's callback so a failure warns once instead of every export cycle."""
-        callback = spec.callback
         assert callback is not None
 
         def observe(options: CallbackOptions) -> Iterable[Observation]:

@@ -312,7 +312,7 @@ def _thread(threads: list[threading.Thread], name: str) -> threading.Thread | No
 
 def _reader(handle: async_tee.Pipeline) -> Any:
     """The session's OTLP ``ExportingReader`` (the one whose thread is the exporter)."""
-    readers = [r for r in handle._built.readers if hasattr(r, "_send")]
+    readers = [r for r in handle.exports.readers if hasattr(r, "_send")]
     if len(readers) != 1:
         raise RuntimeError(f"expected one exporting reader, found {len(readers)}")
     return readers[0]

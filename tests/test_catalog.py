@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
 from async_tee import _default_rows as default_rows
-from async_tee import _pipeline, _series, cli, metrics, registry
+from async_tee import _series, _stats, cli, metrics, registry
 from async_tee._prometheus_names import (
     check_prometheus_names,
     prometheus_label,
@@ -148,7 +148,7 @@ def test_measured_examples():
 
 def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls, monkeypatch):
     """The registry's real instruments, fed the fixture, exported by the real reader."""
-    monkeypatch.setattr(_pipeline, "SNAPSHOT_TTL_S", 0.0)  # two scrapes, each its own stats
+    monkeypatch.setattr(_stats, "SNAPSHOT_TTL_S", 0.0)  # two scrapes, each its own stats
     registry_ = prometheus_client.CollectorRegistry()
     reader = prometheus.PrometheusMetricReader(registry=registry_, disable_target_info=True)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
@@ -235,7 +235,7 @@ def test_catalog_holds_every_default_derived_and_self_series():
         "timing/setup:*_s",
     )
     own = {name: entry for name, entry in by_name.items() if name.startswith("async_tee.")}
-    assert {spec.name for spec in self_metric_specs(dict)} == set(own)
+    assert {spec.name for spec in self_metric_specs()} == set(own)
     assert own["async_tee.dropped"].attributes == ("reason",)
     assert own["async_tee.dropped"].prometheus_name == "async_tee_dropped_total"
     assert own["async_tee.lag"].prometheus_name == "async_tee_lag_milliseconds"
@@ -258,11 +258,12 @@ def test_catalog_attributes_of_self_metrics_match_their_callbacks():
         "worker_died": 0,
     }
     catalogued = {e.name: e.attributes for e in series_catalog() if e.source == "self"}
-    for spec in self_metric_specs(lambda: snapshot):
+    for spec in self_metric_specs():
         if spec.callback is None:
             assert catalogued[spec.name] == ()
             continue
-        keys = {tuple(sorted(o.attributes or {})) for o in spec.callback(None)}
+        reader = spec.callback.reading(lambda: snapshot)  # type: ignore[attr-defined]
+        keys = {tuple(sorted(o.attributes or {})) for o in reader(None)}
         assert keys == {tuple(sorted(catalogued[spec.name]))}, spec.name
 
 

@@ -95,7 +95,7 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "METRICS_PER_SLICE": (_constant("METRICS_PER_SLICE", "async_tee._encode"), None),
     "CANCEL_MARGIN_S": (_constant("CANCEL_MARGIN_S", "async_tee._export"), "s"),
     "FORK_PAUSE_S": (_constant("FORK_PAUSE_S", "async_tee._pipeline"), "s"),
-    "SNAPSHOT_TTL_S": (_constant("SNAPSHOT_TTL_S", "async_tee._pipeline"), "s"),
+    "SNAPSHOT_TTL_S": (_constant("SNAPSHOT_TTL_S", "async_tee._stats"), "s"),
     "MAX_WARNED_KEYS": (_constant("MAX_WARNED_KEYS", "async_tee._reporting"), None),
 }
 

@@ -404,13 +404,14 @@ def test_dicts_pending_behind_a_stuck_worker_are_booked_as_dropped_at_shutdown(p
 
     session = running(async_tee.start_telemetry(provider))
     release = threading.Event()
-    process = session.worker._process
+    consumer = session.worker.consumer
+    process = consumer.process
 
     def stuck(snapshot: Any) -> None:
-        release.wait(30)  # a callback that hangs, as a stuck SDK lock would
+        release.wait(30)  # a consumer that hangs, as a stuck SDK lock would
         process(snapshot)
 
-    session.worker._process = stuck
+    consumer.process = stuck  # type: ignore[method-assign]
     for step in range(101):
         async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", step)
     assert async_tee.shutdown_telemetry(0.5) is False  # the deadline, not the worker

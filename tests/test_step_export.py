@@ -204,7 +204,7 @@ def test_the_period_waits_a_grace_after_a_step_export_only(sink):
     async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
     pipeline = async_tee._telemetry.active()
     assert pipeline is not None
-    (reader,) = pipeline._built.push_readers
+    (reader,) = pipeline.exports.push_readers
     reader._send(None, "interval")  # the exporter fails it: timing is all that is checked
     assert reader.period_due() == pytest.approx(reader._last_export + 60.0)
     reader._send(None, "step")

@@ -91,7 +91,7 @@ def _ours(running: Any, encoder: TableEncoder) -> dict[str, Any]:
     The self-series callbacks share one ``stats()`` per collection: the SDK's read right
     after reuses this one's, so both see the same figures.
     """
-    running.export_counts.collections += 1
+    running.exports.counts.collections += 1
     return _normal(_decoded(encoder.request()))
 
 
@@ -156,7 +156,7 @@ def _run_against(sink: Any, protocol: str, encoder: str) -> dict[Any, Any]:
         }
     )
     assert isinstance(running, async_tee.Pipeline)
-    (reader,) = running._built.push_readers
+    (reader,) = running.exports.push_readers
     assert (reader._encoder is not None) == (encoder == "tables")  # the path under test
     for step in range(1, 4):
         for call in load_calls():
@@ -215,7 +215,7 @@ def test_an_exporter_asking_for_delta_keeps_the_sdks_way(sink, monkeypatch):
         environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, "ASYNC_TEE_ENCODER": "tables"}
     )
     assert isinstance(running, async_tee.Pipeline)
-    (reader,) = running._built.push_readers
+    (reader,) = running.exports.push_readers
     assert reader._encoder is None  # the tables encode cumulative sums only
     assert async_tee.shutdown_telemetry(10)
 
@@ -346,7 +346,7 @@ def test_an_export_at_a_thousand_series_leaves_the_garbage_collector_nearly_idle
             train = {f"scale/k{i}": float(step + i) for i in range(1000)}
             async_tee.tee_rl_metrics_to_otel(train, "train", step, step_finished=True)
             assert async_tee.flush(10)
-            running.export_counts.collections += 1
+            running.exports.counts.collections += 1
             if step == 2:  # the kept request, updated in place
                 gc.collect()
                 gc.set_threshold(100, *threshold[1:])

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from async_tee._handoff import DropOldestQueue
-from async_tee._worker import Worker
+from async_tee._worker import Consumer, Worker
 
 LONG_S = 60.0  # a drain interval the tests never wait for: only flush and stop drive it
 
@@ -24,12 +24,13 @@ def queue() -> DropOldestQueue[tuple[int, int]]:
 
 @pytest.fixture
 def worker(queue, seen) -> Iterator[Worker]:
-    def process(item: tuple[int, int]) -> None:
-        if item[0] < 0:
-            raise ValueError("a bad item")
-        seen.append(item[0])
+    class Seen(Consumer):
+        def process(self, item: tuple[int, int]) -> None:
+            if item[0] < 0:
+                raise ValueError("a bad item")
+            seen.append(item[0])
 
-    worker = Worker(queue, process, LONG_S)
+    worker = Worker(queue, Seen(), LONG_S)
     assert worker.start()
     yield worker
     worker.stop(5)
@@ -88,5 +89,5 @@ def test_what_is_left_after_a_stop_is_counted_as_shutdown(queue, worker, seen):
     ],
 )
 def test_the_timer_sleeps_until_a_batch_worth_a_wake_is_due(capacity, found, slept, expected):
-    worker = Worker(DropOldestQueue(capacity), lambda item: None, 0.05, trickle_interval_s=1.0)
+    worker = Worker(DropOldestQueue(capacity), Consumer(), 0.05, trickle_interval_s=1.0)
     assert worker._next_sleep(0.05, found, slept) == pytest.approx(expected)
