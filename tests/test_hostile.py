@@ -1,7 +1,8 @@
 """Nothing a caller passes stops the pipeline: poison steps, poison values, broken mappings.
 
 The poison cases run through the real pipeline to a real OTLP receiver and check what
-matters to the user: every later good step still arrives as its own point. The property
+matters to the user: every later good step still arrives as its own point, or, logged
+back to back, is counted as coalesced into a newer one (docs/semantics.md §9). The property
 test throws generated hostile calls (hypothesis, 10,000 examples by default) at the real
 pipeline: no exception escapes, the accounting identity holds after every example, and
 the worker is alive and records a good dict at the end.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 import tracemalloc
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -75,10 +75,30 @@ def _identity_holds(stats: dict[str, Any]) -> bool:
 
 
 def _good_steps(logger: async_tee.Logger, steps: range) -> None:
+    """Log ``steps`` back to back: a newer step may replace one waiting for its export."""
     for step in steps:
         logger.log_metrics({"reward": float(step), "vllm/prompt_tokens": 1.0}, step, "train")
         logger.log_metrics({"t": 1.0}, step, "timing/train", step_finished=True)
-        time.sleep(0.05)  # far apart enough for each to get its own export
+
+
+def _received_steps(sink: OtlpSink) -> set[Any]:
+    """The steps of the exports that carried the reward."""
+    return {step for step, _ in sink.by_step(REWARD) if step is not None}
+
+
+def _paced_steps(logger: async_tee.Logger, sink: OtlpSink, steps: range) -> None:
+    """Log each of ``steps`` once the sink received the one before: each is exported alone.
+
+    Nothing else is collected meanwhile, so no newer step can replace a step's export.
+    """
+    for step in steps:
+        _good_steps(logger, range(step, step + 1))
+        assert _arrives(sink, step), f"step {step} never reached the receiver"
+
+
+def _arrives(sink: OtlpSink, step: int) -> bool:
+    """Whether an export of ``step`` reaches the sink within 10 s."""
+    return sink.wait_for(lambda s: step in _received_steps(s), 10)
 
 
 @pytest.mark.slow
@@ -109,21 +129,32 @@ def test_after_a_poison_call_every_later_step_is_exported(sink: OtlpSink, poison
         }
     )
     logger = async_tee.Logger()
-    _good_steps(logger, range(1))  # step 0 connects the exporter's channel
-    assert sink.wait_for(lambda s: bool(s.by_step(REWARD)), 10)
+    _paced_steps(logger, sink, range(1))  # step 0 connects the exporter's channel
     value = poison.get("value", 7.0)
     step = poison.get("step", 1)
     async_tee.tee_rl_metrics_to_otel({"reward": value, "vllm/prompt_tokens": 10.0}, "train", step)
-    _good_steps(logger, range(1, 11))
+    paced, back_to_back = range(1, 6), range(6, 11)
+    _paced_steps(logger, sink, paced)  # each arrives on its own, or a poison broke the exports
+    _good_steps(logger, back_to_back)  # a newer step may replace a waiting export (§9)
     assert async_tee.shutdown_telemetry(10)
-    received = {step for step, _ in sink.by_step(REWARD)}
-    assert received >= set(range(1, 11))  # every later good step, as its own point
+    later = set(range(1, 11))
+    received = _received_steps(sink)
+    assert received <= {0, *later}
     assert all(value == step for step, value in sink.by_step(REWARD) if step is not None)
     stats = async_tee.stats()
+    steps = stats["steps"]
+    assert steps["completed"] == 1 + len(later)  # step 0 and every later good step
+    assert steps["exported"] + steps["coalesced"] == steps["completed"]
+    assert stats["exports"]["failure"] == 0  # every step exported on its own was delivered
+    # Step 0 and the paced steps arrived, so each was exported on its own: the coalesced
+    # steps are back-to-back ones, and a coalesced step is in no export (the periodic
+    # one is 60 s away), so every later step arrived as its own point or was coalesced.
+    assert set(paced) <= received
+    assert len(later - received) == steps["coalesced"]
     assert stats["worker_died"] == 0
     assert _identity_holds(stats)
     if "step" in poison:
-        assert stats["steps"]["unusable"] == 1  # taken as no step, never stored
+        assert steps["unusable"] == 1  # taken as no step, never stored
         assert stats["errors"]["registry"] == 0
     else:
         assert stats["dropped_by_reason"]["error"] == 1  # the poisoned dict, counted
