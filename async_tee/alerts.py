@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from async_tee import _series
+from async_tee._declare import series as _series
 from async_tee.catalog import series_catalog
 
 __all__ = ["AlertRule", "AlertThresholds", "alert_rules", "parse_duration", "render_rules"]

@@ -13,8 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from async_tee import _series, vocabulary
-from async_tee._prometheus_names import prometheus_name
+from async_tee import vocabulary
+from async_tee._declare import series as _series
+from async_tee._declare.prometheus_names import prometheus_name
 
 __all__ = ["CatalogEntry", "render_catalog", "series_catalog"]
 

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from async_tee._exporters import EXPORTER_KINDS
+from async_tee._export.exporters import EXPORTER_KINDS
 from async_tee._launcher import LauncherRanks, launcher_ranks
 from async_tee._reporting import warn_once
 from async_tee._settings import DEFAULT_GRPC_ENDPOINT, DEFAULT_PROMETHEUS_PORT

@@ -22,8 +22,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from async_tee import _series
-from async_tee._prometheus_names import prometheus_label, prometheus_type
+from async_tee._declare import series as _series
+from async_tee._declare.prometheus_names import prometheus_label, prometheus_type
 from async_tee.catalog import CatalogEntry, series_catalog
 
 __all__ = [

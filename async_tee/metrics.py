@@ -19,27 +19,16 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _mapping, _reporting, _rl_group, _telemetry
-from async_tee._caller import record_rl_metrics, tee_rl_metrics_to_otel
-from async_tee._declarations import (
+from async_tee import _reporting
+from async_tee._declare import rl_group as _rl_group
+from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._declare.rows import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     DECLARATIONS,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
 )
-from async_tee._mapping import (
-    RUN_WINDOW,
-    STEP_WINDOW,
-    efficiency_window,
-    map_efficiency_seconds,
-    map_setup_seconds,
-    map_teed_scalars,
-    setup_phase,
-)
-from async_tee._recorder import RLRecorder
-from async_tee._reporting import warn_once
-from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
-from async_tee._series import (
+from async_tee._declare.series import (
     EFFICIENCY_PCT,
     EFFICIENCY_SECONDS,
     RL_BUCKET_ATTR,
@@ -52,7 +41,21 @@ from async_tee._series import (
     RL_SETUP_PHASE_ATTR,
     SETUP_DURATION,
 )
-from async_tee.registry import FrozenAttributes, record_metrics
+from async_tee._handoff.caller import record_rl_metrics, tee_rl_metrics_to_otel
+from async_tee._reporting import warn_once
+from async_tee._session import lifecycle as _telemetry
+from async_tee._tables.registry import FrozenAttributes, record_metrics
+from async_tee._worker import mapping as _mapping
+from async_tee._worker.mapping import (
+    RUN_WINDOW,
+    STEP_WINDOW,
+    efficiency_window,
+    map_efficiency_seconds,
+    map_setup_seconds,
+    map_teed_scalars,
+    setup_phase,
+)
+from async_tee._worker.recorder import RLRecorder
 from async_tee.vocabulary import efficiency_measurements
 
 if TYPE_CHECKING:

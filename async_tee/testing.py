@@ -8,8 +8,10 @@ declares its own rows, calls :func:`reset` between tests.
 
 from __future__ import annotations
 
-from async_tee import _default_rows, _reporting, _telemetry
-from async_tee._declarations import DECLARATIONS
+from async_tee import _reporting
+from async_tee._declare import shipped as _default_rows
+from async_tee._declare.rows import DECLARATIONS
+from async_tee._session import lifecycle as _telemetry
 
 
 def reset(shutdown_timeout_s: float = 5.0) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from async_tee import _series
-from async_tee._declarations import (
+from async_tee._declare import series as _series
+from async_tee._declare.prometheus_names import check_prometheus_names
+from async_tee._declare.rows import (
     DECLARATIONS,
     MEASUREMENT_KINDS,
     METRIC_KINDS,
@@ -30,7 +31,6 @@ from async_tee._declarations import (
     registry_key,
     validate_series,
 )
-from async_tee._prometheus_names import check_prometheus_names
 
 __all__ = [
     "INIT_TOTAL_CATEGORY",

@@ -41,7 +41,11 @@ from _common import (
 )
 
 import async_tee
-from async_tee._mapping import efficiency_attributes, map_efficiency_seconds, map_teed_scalars
+from async_tee._worker.mapping import (
+    efficiency_attributes,
+    map_efficiency_seconds,
+    map_teed_scalars,
+)
 from async_tee.vocabulary import efficiency_categories, teed_metrics
 
 PACE_NS = 2_000_000  # trainer pace: one call every 2 ms

@@ -100,7 +100,8 @@ from _common import (
 )
 
 import async_tee
-from async_tee import _http_session, testing
+from async_tee import testing
+from async_tee._export import http_session as _http_session
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"

@@ -144,7 +144,7 @@ from _common import (
 )
 
 import async_tee
-from async_tee import _caller
+from async_tee._handoff import caller as _caller
 from async_tee.sink import black_hole
 
 SATURATED_QUEUE = 64

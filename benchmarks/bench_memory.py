@@ -51,7 +51,7 @@ from _common import (
 )
 
 import async_tee
-from async_tee._worker import BATCH_SIZE
+from async_tee._worker.loop import BATCH_SIZE
 
 MIB = 1024 * 1024
 ALLOWANCE = 2 * MIB

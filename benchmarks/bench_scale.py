@@ -125,7 +125,7 @@ class CallTimes:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One cell and variant: declare, time the reader's calls, run ``bench_stolen``'s probe."""
-    from async_tee._export import ExportingReader
+    from async_tee._export.reader import ExportingReader
 
     calls = declare(spec["series"], spec["categories"])
     times = CallTimes()

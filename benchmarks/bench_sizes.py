@@ -110,7 +110,8 @@ from _common import (
 )
 
 import async_tee
-from async_tee import _caller, testing
+from async_tee import testing
+from async_tee._handoff import caller as _caller
 
 SIZES = (68, 2_000, 100_000)
 VARIANTS = ("filtered", "whole")

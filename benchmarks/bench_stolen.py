@@ -137,8 +137,8 @@ PRELOAD = (
     "opentelemetry.sdk.metrics",
     "opentelemetry.sdk.resources",
     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-    "async_tee._export",
-    "async_tee._worker",
+    "async_tee._export.reader",
+    "async_tee._worker.loop",
 )
 DEFAULT_MIN_EXPORT_INTERVAL_S = 1.0  # ASYNC_TEE_MIN_EXPORT_INTERVAL, left unset
 

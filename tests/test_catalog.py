@@ -10,15 +10,17 @@ from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
-from async_tee import _default_rows as default_rows
-from async_tee import _series, _stats, cli, metrics, registry
-from async_tee._prometheus_names import (
+from async_tee import cli, metrics, registry
+from async_tee._declare import series as _series
+from async_tee._declare import shipped as default_rows
+from async_tee._declare.prometheus_names import (
     check_prometheus_names,
     prometheus_label,
     prometheus_name,
     prometheus_sample_names,
 )
-from async_tee._selfmetrics import self_metric_specs
+from async_tee._session import stats as _stats
+from async_tee._tables.self_series import self_metric_specs
 from async_tee.catalog import render_catalog, series_catalog
 from async_tee.registry import MetricSpec, group_specs, register_metric_group
 from async_tee.vocabulary import (

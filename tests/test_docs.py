@@ -43,10 +43,10 @@ LATEST_JSON = ROOT / "benchmarks" / "results" / "latest.json"
 SUMMARY = ROOT / "benchmarks" / "summary.py"
 
 try:  # the step-export policy's own module
-    from async_tee._policy import BACKSTOP_GRACE, STEP_SETTLE_S
+    from async_tee._worker.policy import BACKSTOP_GRACE, STEP_SETTLE_S
 except ImportError:  # pragma: no cover - before the policy had a module of its own
-    from async_tee._export import BACKSTOP_GRACE  # type: ignore[attr-defined,no-redef]
-    from async_tee._steps import STEP_SETTLE_S  # type: ignore[attr-defined,no-redef]
+    from async_tee._export.reader import BACKSTOP_GRACE  # type: ignore[attr-defined,no-redef]
+    from async_tee._worker.steps import STEP_SETTLE_S  # type: ignore[attr-defined,no-redef]
 
 
 def _modules() -> list[ModuleType]:
@@ -81,21 +81,24 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "OTEL_METRIC_EXPORT_TIMEOUT": (_DEFAULTS.export_timeout_ms, "ms"),
     "STEP_SETTLE_S": (STEP_SETTLE_S, "s"),
     "BACKSTOP_GRACE": (BACKSTOP_GRACE, None),
-    "WAKE_TARGET": (_constant("WAKE_TARGET", "async_tee._worker"), None),
-    "IDLE_DRAIN_INTERVAL_S": (_constant("IDLE_DRAIN_INTERVAL_S", "async_tee._worker"), "s"),
-    "BATCH_SIZE": (_constant("BATCH_SIZE", "async_tee._worker"), None),
-    "LAG_SAMPLES": (_constant("LAG_SAMPLES", "async_tee._worker"), None),
-    "LOSS_WARNING_INTERVAL_S": (_constant("LOSS_WARNING_INTERVAL_S", "async_tee._worker"), "s"),
-    "COUNTED_STEPS": (_constant("COUNTED_STEPS", "async_tee._recorder"), None),
-    "SLICE_S": (_constant("SLICE_S", "async_tee._gil"), "s"),
-    "MAIN_GRACE_S": (_constant("MAIN_GRACE_S", "async_tee._signals"), "s"),
-    "FAILING_AFTER": (_constant("FAILING_AFTER", "async_tee._export"), None),
-    "MAX_RETRY_AFTER_S": (_constant("MAX_RETRY_AFTER_S", "async_tee._http_session"), "s"),
-    "HANDOVER_S": (_constant("HANDOVER_S", "async_tee._gil"), "s"),
-    "METRICS_PER_SLICE": (_constant("METRICS_PER_SLICE", "async_tee._encode"), None),
-    "CANCEL_MARGIN_S": (_constant("CANCEL_MARGIN_S", "async_tee._export"), "s"),
-    "FORK_PAUSE_S": (_constant("FORK_PAUSE_S", "async_tee._pipeline"), "s"),
-    "SNAPSHOT_TTL_S": (_constant("SNAPSHOT_TTL_S", "async_tee._stats"), "s"),
+    "WAKE_TARGET": (_constant("WAKE_TARGET", "async_tee._worker.loop"), None),
+    "IDLE_DRAIN_INTERVAL_S": (_constant("IDLE_DRAIN_INTERVAL_S", "async_tee._worker.loop"), "s"),
+    "BATCH_SIZE": (_constant("BATCH_SIZE", "async_tee._worker.loop"), None),
+    "LAG_SAMPLES": (_constant("LAG_SAMPLES", "async_tee._worker.loop"), None),
+    "LOSS_WARNING_INTERVAL_S": (
+        _constant("LOSS_WARNING_INTERVAL_S", "async_tee._worker.loop"),
+        "s",
+    ),
+    "COUNTED_STEPS": (_constant("COUNTED_STEPS", "async_tee._worker.recorder"), None),
+    "SLICE_S": (_constant("SLICE_S", "async_tee._worker.gil"), "s"),
+    "MAIN_GRACE_S": (_constant("MAIN_GRACE_S", "async_tee._session.signals"), "s"),
+    "FAILING_AFTER": (_constant("FAILING_AFTER", "async_tee._export.reader"), None),
+    "MAX_RETRY_AFTER_S": (_constant("MAX_RETRY_AFTER_S", "async_tee._export.http_session"), "s"),
+    "HANDOVER_S": (_constant("HANDOVER_S", "async_tee._worker.gil"), "s"),
+    "METRICS_PER_SLICE": (_constant("METRICS_PER_SLICE", "async_tee._export.encode"), None),
+    "CANCEL_MARGIN_S": (_constant("CANCEL_MARGIN_S", "async_tee._export.reader"), "s"),
+    "FORK_PAUSE_S": (_constant("FORK_PAUSE_S", "async_tee._session.session"), "s"),
+    "SNAPSHOT_TTL_S": (_constant("SNAPSHOT_TTL_S", "async_tee._session.stats"), "s"),
     "MAX_WARNED_KEYS": (_constant("MAX_WARNED_KEYS", "async_tee._reporting"), None),
 }
 

@@ -16,8 +16,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import async_tee
-from async_tee import _encode, _gil
-from async_tee._encode import encode_in_slices, sliced
+from async_tee._export import encode as _encode
+from async_tee._export.encode import encode_in_slices, sliced
+from async_tee._worker import gil as _gil
 
 
 def _collected(calls, resources: int = 1, scopes: int = 1) -> MetricsData:

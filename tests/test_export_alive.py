@@ -107,7 +107,7 @@ def _fds() -> int:
 
 def _through_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """OTLP/HTTP through the requests session, as where a proxy variable applies."""
-    from async_tee import _http_session
+    from async_tee._export import http_session as _http_session
 
     monkeypatch.setattr(_http_session, "exporter_transport", lambda _endpoint: None)
 
@@ -248,7 +248,7 @@ def test_a_retry_that_ran_out_of_time_keeps_the_reason_logged_before_it():
     set to ... 0"): the reason users see stays the one before it (here the TLS failure)."""
     import logging
 
-    from async_tee._export import _LastError, failure_reason
+    from async_tee._export.reader import _LastError, failure_reason
 
     artifact = (
         "ValueError: Attempted to set total timeout to 0.0, but the timeout cannot be set "

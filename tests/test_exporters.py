@@ -304,6 +304,6 @@ def test_a_traceback_is_redacted_too():
     ],
 )
 def test_a_failing_export_names_the_variable_most_likely_to_fix_it(error, variable):
-    from async_tee._export import fix_for
+    from async_tee._export.reader import fix_for
 
     assert fix_for(error).startswith(f"OTEL_EXPORTER_OTLP{variable}")

@@ -16,8 +16,8 @@ import pytest
 from helpers import load_calls
 
 import async_tee
-from async_tee._gil import GilBudget, budget
-from async_tee._pipeline import Pipeline
+from async_tee._session.session import Pipeline
+from async_tee._worker.gil import GilBudget, budget
 from async_tee.vocabulary import efficiency_categories, set_efficiency_categories
 
 
@@ -150,8 +150,8 @@ class CountingReader:
 
 
 def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
-    from async_tee._policy import StepPolicy
-    from async_tee._steps import StepClock
+    from async_tee._worker.policy import StepPolicy
+    from async_tee._worker.steps import StepClock
 
     reader = CountingReader()
     clock = StepClock(lambda step, at: None, reader, StepPolicy(min_interval_s=1.0))
@@ -170,7 +170,7 @@ def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
 
 
 def test_with_no_reader_to_drive_settling_asks_for_no_wake():
-    from async_tee._steps import StepClock
+    from async_tee._worker.steps import StepClock
 
     clock = StepClock(lambda step, at: None)
     clock.before(1.0, time.monotonic_ns())

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from async_tee._handoff import DropOldestQueue
+from async_tee._handoff.queue import DropOldestQueue
 
 
 def test_fifo_with_increasing_sequence_numbers():

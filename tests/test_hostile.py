@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import async_tee
-from async_tee._worker import Worker
+from async_tee._worker.loop import Worker
 from async_tee.sink import OtlpSink
 
 REWARD = "rl.reward.mean"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from async_tee._http_session import (
+from async_tee._export.http_session import (
     MAX_RETRY_AFTER_S,
     ExporterSession,
     exporter_transport,
@@ -135,7 +135,7 @@ def test_exports_use_the_configured_certificate_even_with_requests_ca_bundle_set
     tls_receiver, monkeypatch, sender
 ):
     import async_tee
-    from async_tee import _http_session
+    from async_tee._export import http_session as _http_session
 
     if sender == "session":  # as where a proxy applies
         monkeypatch.setattr(_http_session, "exporter_transport", lambda _endpoint: None)

@@ -254,18 +254,18 @@ def test_module_state_is_a_handful_of_names():
             state += [f"{_module_name(path)}.{t}" for t in targets if re.fullmatch(r"_[A-Z_]+", t)]
     # Mutable module state only: each of these has a one-line reason where it is defined.
     mutable = {
-        "async_tee._caller._QUEUE",
-        "async_tee._caller._SNAPSHOT_KEYS",
-        "async_tee._caller._WHOLE_UP_TO",
-        "async_tee._telemetry._ACTIVE",
-        "async_tee._telemetry._LAST",
-        "async_tee._telemetry._LIFECYCLE",
-        "async_tee._telemetry._HOOKS_INSTALLED",
+        "async_tee._handoff.caller._QUEUE",
+        "async_tee._handoff.caller._SNAPSHOT_KEYS",
+        "async_tee._handoff.caller._WHOLE_UP_TO",
+        "async_tee._session.lifecycle._ACTIVE",
+        "async_tee._session.lifecycle._LAST",
+        "async_tee._session.lifecycle._LIFECYCLE",
+        "async_tee._session.lifecycle._HOOKS_INSTALLED",
         "async_tee._reporting._WARNED",
         "async_tee._reporting._SATURATED",
-        "async_tee.registry._BY_METER",
-        "async_tee.registry._BY_METER_LOCK",
-        "async_tee._gil._BUDGET",
+        "async_tee._tables.registry._BY_METER",
+        "async_tee._tables.registry._BY_METER_LOCK",
+        "async_tee._worker.gil._BUDGET",
     }
     assert mutable <= set(state)
     global_statements: set[str] = set()

@@ -7,14 +7,14 @@ import math
 import pytest
 from helpers import load_calls
 
-from async_tee._declarations import (
+from async_tee._declare.rows import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     DECLARATIONS,
     THREAD_SECONDS_MEASUREMENT,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
 )
-from async_tee._mapping import (
+from async_tee._worker.mapping import (
     RUN_WINDOW,
     STEP_WINDOW,
     efficiency_window,

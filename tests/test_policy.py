@@ -17,9 +17,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-from async_tee._delivery import ExportCounts
-from async_tee._policy import BACKSTOP_GRACE, STEP_SETTLE_S, StepPolicy
-from async_tee._steps import StepClock
+from async_tee._export.delivery import ExportCounts
+from async_tee._worker.policy import BACKSTOP_GRACE, STEP_SETTLE_S, StepPolicy
+from async_tee._worker.steps import StepClock
 
 MS = 1_000_000  # ns
 
@@ -225,7 +225,7 @@ class BlockingExporter(MetricExporter):
 
 @pytest.fixture
 def blocking_reader():
-    from async_tee._export import ExportingReader
+    from async_tee._export.reader import ExportingReader
 
     exporter = BlockingExporter()
     counts = ExportCounts()

@@ -19,15 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 
-from async_tee import _series, testing
-from async_tee._mapping import (
+from async_tee import testing
+from async_tee._declare import series as _series
+from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._worker.mapping import (
     PCT_ATTRIBUTES,
     map_efficiency_pct,
     map_efficiency_seconds,
     map_teed_scalars,
 )
-from async_tee._recorder import RLRecorder
-from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._worker.recorder import RLRecorder
 from async_tee.registry import InstrumentRegistry
 
 _VALUES = st.one_of(

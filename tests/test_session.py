@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import async_tee
-from async_tee._recorder import COUNTED_STEPS, CountedSteps
+from async_tee._worker.recorder import COUNTED_STEPS, CountedSteps
 
 TOKENS: tuple[str, frozenset[tuple[str, str]]] = ("rl.vllm.prompt_tokens", frozenset())
 
@@ -179,8 +179,8 @@ def test_a_session_shut_down_by_itself_is_never_handed_out_again(provider):
 
 
 def test_no_session_reads_zeros_from_a_constant():
-    from async_tee._pipeline import NO_SESSION
-    from async_tee._telemetry import end_and_forget
+    from async_tee._session.lifecycle import end_and_forget
+    from async_tee._session.session import NO_SESSION
 
     end_and_forget(1)
     stats = async_tee.stats()

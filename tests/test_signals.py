@@ -26,7 +26,7 @@ STEPS = 5
 CHILD = """
 import atexit, os, signal, sys, time
 import async_tee
-from async_tee import _telemetry
+from async_tee._session import lifecycle as _telemetry
 
 def start_ray():
     import ray

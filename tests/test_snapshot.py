@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from async_tee import _caller
-from async_tee._handoff import DropOldestQueue
+from async_tee._handoff import caller as _caller
+from async_tee._handoff.queue import DropOldestQueue
 
 READ = tuple(f"row_{i}" for i in range(3_000))  # a declaration with thousands of rows
 

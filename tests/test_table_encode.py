@@ -21,9 +21,9 @@ from opentelemetry.sdk.resources import Resource
 
 import async_tee
 from async_tee import __version__
-from async_tee._rl_group import RL_METRIC_GROUP
-from async_tee._series import SELF_METRIC_GROUP
-from async_tee._table_encode import TableEncoder
+from async_tee._declare.rl_group import RL_METRIC_GROUP
+from async_tee._declare.series import SELF_METRIC_GROUP
+from async_tee._export.table_encode import TableEncoder
 
 
 def _value(any_value: Any) -> Any:
@@ -293,7 +293,7 @@ def test_an_encoded_request_over_the_http_size_limit_fails_as_the_sdk_drops_it(
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import MetricExportResult
 
-    from async_tee._encode import sends_encoded, takes_requests
+    from async_tee._export.encode import sends_encoded, takes_requests
 
     running, _reader, resource = session
     async_tee.tee_rl_metrics_to_otel({"reward": 0.5}, "train", 1, step_finished=True)

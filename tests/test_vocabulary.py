@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from async_tee import _default_rows as default_rows
 from async_tee import vocabulary
+from async_tee._declare import shipped as default_rows
 from async_tee.vocabulary import (
     RecordedMetric,
     TeedMetric,

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from async_tee._handoff import DropOldestQueue
-from async_tee._worker import Consumer, Worker
+from async_tee._handoff.queue import DropOldestQueue
+from async_tee._worker.loop import Consumer, Worker
 
 LONG_S = 60.0  # a drain interval the tests never wait for: only flush and stop drive it
 

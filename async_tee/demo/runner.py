@@ -26,7 +26,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from async_tee import _default_rows, _series, _telemetry
+from async_tee._declare import series as _series
+from async_tee._declare import shipped as _default_rows
+from async_tee._session import lifecycle as _telemetry
 from async_tee.demo.simulation import GrpoSimulation
 from async_tee.demo.timing import TimedLogger, latency_by_prefix, percentiles_us
 from async_tee.logger import JsonlBackend

@@ -18,13 +18,14 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _caller, _series
-from async_tee._declarations import DECLARATIONS
-from async_tee._pipeline import NO_SESSION, DisabledSession, Pipeline
+from async_tee._declare import series as _series
+from async_tee._declare.rows import DECLARATIONS
+from async_tee._handoff import caller as _caller
 from async_tee._reporting import logger, warn_once
-from async_tee._selfmetrics import self_metric_specs
+from async_tee._session.session import NO_SESSION, DisabledSession, Pipeline
+from async_tee._tables.registry import register_metric_group
+from async_tee._tables.self_series import self_metric_specs
 from async_tee.config import load_settings
-from async_tee.registry import register_metric_group
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

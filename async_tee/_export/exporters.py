@@ -123,7 +123,7 @@ def _otlp_exporter(settings: Settings) -> Any:
         import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        from async_tee._encode import sends_encoded, sliced
+        from async_tee._export.encode import sends_encoded, sliced
 
         insecure = settings.otlp_insecure
         if insecure is None:
@@ -152,8 +152,8 @@ def _otlp_exporter(settings: Settings) -> Any:
         OTLPMetricExporter as HTTPMetricExporter,
     )
 
-    from async_tee._encode import sends_encoded, takes_requests
-    from async_tee._http_session import ExporterSession, exporter_transport
+    from async_tee._export.encode import sends_encoded, takes_requests
+    from async_tee._export.http_session import ExporterSession, exporter_transport
 
     # Abortable, pinned to its certificate, honouring Retry-After: the SDK's urllib3
     # transport where the SDK takes one and no proxy applies, else a requests session.

@@ -7,10 +7,10 @@ like the declarations it reads: a second session finds the group already registe
 
 from __future__ import annotations
 
-from async_tee import _series
-from async_tee._declarations import DECLARATIONS, MetricSpec
+from async_tee._declare import series as _series
+from async_tee._declare.rows import DECLARATIONS, MetricSpec
 from async_tee._reporting import warn_once
-from async_tee.registry import register_metric_group
+from async_tee._tables.registry import register_metric_group
 from async_tee.vocabulary import freeze_metrics, recorded_metrics, teed_metrics
 
 RL_METRIC_GROUP = "rl"

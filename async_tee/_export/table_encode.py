@@ -26,9 +26,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-from async_tee._encode import EncodedRequest
-from async_tee._gil import budget
-from async_tee.registry import (
+from async_tee._export.encode import EncodedRequest
+from async_tee._tables.registry import (
     FrozenAttributes,
     HistogramPoint,
     _Histogram,
@@ -36,11 +35,12 @@ from async_tee.registry import (
     _Observed,
     _RunningTotal,
 )
+from async_tee._worker.gil import budget
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
-    from async_tee.registry import InstrumentRegistry, _Series
+    from async_tee._tables.registry import InstrumentRegistry, _Series
 
 _Points = dict[Any, tuple[Any, Any]]
 """A series' points: {attribute key: (value, attributes)}."""

@@ -23,27 +23,29 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _caller, _series, _stats
-from async_tee._caller import Snapshot
-from async_tee._declarations import OBSERVABLE_KINDS
-from async_tee._exporters import ExporterState
-from async_tee._handoff import DropOldestQueue
-from async_tee._policy import StepPolicy
-from async_tee._provider import Exports, build_exports
-from async_tee._recorder import RLRecorder
+from async_tee._declare import series as _series
+from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._declare.rows import OBSERVABLE_KINDS
+from async_tee._export.exporters import ExporterState
+from async_tee._export.provider import Exports, build_exports
+from async_tee._handoff import caller as _caller
+from async_tee._handoff.caller import Snapshot
+from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import RedactSecrets, redacting, stop_redacting, warn_once
-from async_tee._rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._session import stats as _stats
+from async_tee._session.signals import SignalFlush
 from async_tee._settings import Settings
-from async_tee._signals import SignalFlush
-from async_tee._steps import StepClock
+from async_tee._tables.registry import InstrumentRegistry, RegistryCounts, instrument_registry
 from async_tee._version import __version__
-from async_tee.registry import InstrumentRegistry, RegistryCounts, instrument_registry
+from async_tee._worker.policy import StepPolicy
+from async_tee._worker.recorder import RLRecorder
+from async_tee._worker.steps import StepClock
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
 
-    from async_tee._consumer import SnapshotConsumer
-    from async_tee._worker import Worker
+    from async_tee._worker.consumer import SnapshotConsumer
+    from async_tee._worker.loop import Worker
 
 FORK_PAUSE_S = 1.0
 """How long ``os.fork()`` waits for the worker to finish the batch in hand."""
@@ -195,8 +197,8 @@ class Pipeline:
 
     def _new_worker(self) -> tuple[SnapshotConsumer, DropOldestQueue[Snapshot], Worker]:
         """A fresh consumer, queue and worker, not started (a new session, a forked child)."""
-        from async_tee._consumer import SnapshotConsumer
-        from async_tee._worker import Worker  # asyncio loads here, not at import async_tee
+        from async_tee._worker.consumer import SnapshotConsumer
+        from async_tee._worker.loop import Worker  # asyncio loads here, not at import async_tee
 
         step_reader = self.exports.step_reader
         queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)

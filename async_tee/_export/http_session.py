@@ -41,7 +41,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from async_tee._export import failure_reason
+from async_tee._export.reader import failure_reason
 from async_tee._reporting import warn_once
 
 MAX_RETRY_AFTER_S = 600.0

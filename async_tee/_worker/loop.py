@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from async_tee._gil import budget
-from async_tee._handoff import DropOldestQueue
+from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import logger, warn_once
+from async_tee._worker.gil import budget
 
 BATCH_SIZE = 256
 """Items popped per slice of a drain, so a flood cannot hold the loop indefinitely."""

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricReader
 
-from async_tee._gil import budget
-from async_tee._policy import StepPolicy
 from async_tee._reporting import logger, warn_once
+from async_tee._worker.gil import budget
+from async_tee._worker.policy import StepPolicy
 
 if TYPE_CHECKING:
-    from async_tee._delivery import ExportCounts
+    from async_tee._export.delivery import ExportCounts
 
 FAILING_AFTER = 3
 """Consecutive failed exports after which an exporter's state is ``failing``: it says so

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from async_tee._delivery import TRIGGERS
-from async_tee._mapping import SKIP_REASONS
+from async_tee._export.delivery import TRIGGERS
 from async_tee._settings import Settings
-from async_tee.registry import RegistryCounts
+from async_tee._tables.registry import RegistryCounts
+from async_tee._worker.mapping import SKIP_REASONS
 
 SNAPSHOT_TTL_S = 0.02
 """How long the self-series' ``stats()`` snapshot serves a collection async_tee did not start

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from async_tee import _caller, _series
-from async_tee._caller import Snapshot
-from async_tee._handoff import DropOldestQueue
-from async_tee._mapping import LEFT_OUT, READ_WHOLE, count_skipped, exact_str_keys
-from async_tee._recorder import RLRecorder
+from async_tee._declare import series as _series
+from async_tee._handoff import caller as _caller
+from async_tee._handoff.caller import Snapshot
+from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
-from async_tee._steps import StepClock
-from async_tee._worker import Consumer
+from async_tee._worker.loop import Consumer
+from async_tee._worker.mapping import LEFT_OUT, READ_WHOLE, count_skipped, exact_str_keys
+from async_tee._worker.recorder import RLRecorder
+from async_tee._worker.steps import StepClock
 
 
 def _nothing() -> None:

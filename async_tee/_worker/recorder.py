@@ -13,15 +13,23 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _series
-from async_tee._declarations import (
+from async_tee._declare import series as _series
+from async_tee._declare.rl_group import RL_METRIC_GROUP
+from async_tee._declare.rows import (
     SETUP_PREFIX,
     STEP_TIMING_PREFIX,
     EfficiencyCategory,
     TeedMetric,
 )
-from async_tee._gil import budget
-from async_tee._mapping import (
+from async_tee._reporting import warn_once
+from async_tee._tables.registry import (
+    NO_ATTRIBUTES,
+    FrozenAttributes,
+    InstrumentRegistry,
+    instrument_registry,
+)
+from async_tee._worker.gil import budget
+from async_tee._worker.mapping import (
     PCT_ATTRIBUTES,
     STALE_STEP,
     UNKNOWN_CATEGORY,
@@ -36,20 +44,12 @@ from async_tee._mapping import (
     step_phase_values,
     unknown_categories,
 )
-from async_tee._reporting import warn_once
-from async_tee._rl_group import RL_METRIC_GROUP
-from async_tee.registry import (
-    NO_ATTRIBUTES,
-    FrozenAttributes,
-    InstrumentRegistry,
-    instrument_registry,
-)
 from async_tee.vocabulary import efficiency_categories, recorded_metrics, teed_metrics
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
-    from async_tee.registry import _LastValue
+    from async_tee._tables.registry import _LastValue
 
 _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key

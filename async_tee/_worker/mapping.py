@@ -16,8 +16,8 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from async_tee import _series
-from async_tee._declarations import (
+from async_tee._declare import series as _series
+from async_tee._declare.rows import (
     PER_STEP_PREFIXES,
     SETUP_PREFIX,
     STEP_TIMING_PREFIX,
@@ -25,7 +25,7 @@ from async_tee._declarations import (
     EfficiencyCategory,
     TeedMetric,
 )
-from async_tee.registry import NO_ATTRIBUTES, FrozenAttributes
+from async_tee._tables.registry import NO_ATTRIBUTES, FrozenAttributes
 from async_tee.vocabulary import (
     DEVICE_TENSOR,
     NOT_A_NUMBER,

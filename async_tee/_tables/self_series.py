@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee import _series
-from async_tee._declarations import MetricSpec
+from async_tee._declare import series as _series
+from async_tee._declare.rows import MetricSpec
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Observation

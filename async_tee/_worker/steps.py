@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from async_tee._declarations import STEP_TIMING_PREFIX
-from async_tee._policy import DEFAULT_POLICY, StepPolicy
+from async_tee._declare.rows import STEP_TIMING_PREFIX
 from async_tee._reporting import warn_once
+from async_tee._worker.policy import DEFAULT_POLICY, StepPolicy
 from async_tee.vocabulary import as_scalar
 
 

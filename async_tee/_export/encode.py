@@ -19,8 +19,8 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.metrics.export import Metric, MetricsData, ResourceMetrics, ScopeMetrics
 from opentelemetry.sdk.resources import Resource
 
-from async_tee._gil import budget
 from async_tee._reporting import warn_once
+from async_tee._worker.gil import budget
 
 METRICS_PER_SLICE = 8
 """Metrics encoded between two offers of the GIL: a small part of a ``_gil.SLICE_S`` slice."""

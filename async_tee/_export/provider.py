@@ -14,19 +14,19 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from async_tee._delivery import ExportCounts
-from async_tee._exporters import EXPORTER_KINDS, ExporterState, Started, close_servers
-from async_tee._policy import StepPolicy
+from async_tee._export.delivery import ExportCounts
+from async_tee._export.exporters import EXPORTER_KINDS, ExporterState, Started, close_servers
 from async_tee._reporting import logger, warn_once
 from async_tee._settings import Settings
 from async_tee._version import __version__
+from async_tee._worker.policy import StepPolicy
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
 
-    from async_tee._export import ExportingReader
-    from async_tee.registry import InstrumentRegistry
+    from async_tee._export.reader import ExportingReader
+    from async_tee._tables.registry import InstrumentRegistry
 
 
 class Exports:
@@ -82,7 +82,7 @@ class Exports:
 
     def use_tables(self, instruments: InstrumentRegistry, groups: tuple[str, ...]) -> None:
         """Build OTLP exports from ``groups``' tables where they can be (``ASYNC_TEE_ENCODER``)."""
-        from async_tee._table_encode import TableEncoder  # the OTLP proto loads here
+        from async_tee._export.table_encode import TableEncoder  # the OTLP proto loads here
 
         resource = getattr(getattr(self.provider, "_sdk_config", None), "resource", None)
         for reader in self.push_readers:
@@ -200,7 +200,7 @@ def _readers(
     started: Started,
     exporters: list[ExporterState],
 ) -> list[MetricReader]:
-    from async_tee._export import ExportingReader
+    from async_tee._export.reader import ExportingReader
 
     readers: list[MetricReader] = []
     for name in settings.exporters:

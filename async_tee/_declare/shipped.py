@@ -8,7 +8,7 @@ replaces the category map. Both must happen before telemetry starts.
 
 from __future__ import annotations
 
-from async_tee._declarations import (
+from async_tee._declare.rows import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     STEP_TIMING_PREFIX,
     THREAD_SECONDS_MEASUREMENT,

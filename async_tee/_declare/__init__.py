@@ -1,0 +1,1 @@
+"""Declaring: rows, the derived and self series, the shipped rows, Prometheus names."""

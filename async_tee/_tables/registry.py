@@ -1,0 +1,699 @@
+"""The consumer-driven metric registry: named groups of series, recorded by key, never raising.
+
+A consumer declares its series once per process (``register_metric_group``) and records
+plain ``{key: value}`` dicts against them (``record_metrics``); the registry owns the
+OpenTelemetry instruments. It is written against the OTel metrics API, which it imports
+only when the first instrument is created, so importing this module stays cheap.
+
+Instruments live in one :class:`InstrumentRegistry` per meter, because the SDK registers
+an instrument name once per meter: a second session on the same provider must feed the
+callbacks the first one registered. A session (``Pipeline``) holds its meter's registry
+and starts it afresh (:meth:`InstrumentRegistry.begin_session`), so the counts it reports
+are its own.
+
+Gauges and sums are kept as a latest-value / running-total table that an observable
+instrument reports once per export cycle: recording is then a dict store instead of a
+trip through the SDK's attribute validation and aggregation, many times cheaper, and the
+point set a backend sees is the same: the last value per attribute set, every interval,
+forever. Histograms record through the SDK directly.
+See docs/semantics.md §4.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from async_tee._declare.prometheus_names import check_prometheus_names
+from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
+from async_tee._reporting import warn_once
+from async_tee._tables.self_series import StatsReader
+from async_tee._worker.gil import budget
+from async_tee.vocabulary import as_scalar
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+__all__ = [
+    "DEFAULT_MAX_ATTRIBUTE_SETS",
+    "NO_ATTRIBUTES",
+    "FrozenAttributes",
+    "InstrumentRegistry",
+    "MetricSpec",
+    "RegistryCounts",
+    "create_metric_instruments",
+    "group_specs",
+    "instrument_registry",
+    "record_metrics",
+    "register_metric_group",
+]
+
+DEFAULT_MAX_ATTRIBUTE_SETS = 512
+"""Attribute sets kept per series; later sets are dropped and counted, not exported.
+
+Below the SDK's own limit of 2,000, past which points silently merge into one
+``otel.metric.overflow`` series.
+"""
+
+AttributeValue = str | bool | int | float
+
+
+class FrozenAttributes:
+    """An attribute set validated and keyed once, for callers that reuse it every record."""
+
+    __slots__ = ("key", "mapping")
+
+    def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Validate ``attributes``.
+
+        Raises:
+            ValueError: A key is not a non-empty string or a value is not a str, bool,
+                int or finite float; a string has no UTF-8 form (a lone surrogate, as a
+                key read with ``surrogateescape`` carries): every exposition would fail on
+                it, a Prometheus scrape with it (docs/semantics.md §4).
+        """
+        items = []
+        for name, value in attributes.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"attribute name must be a non-empty string: {name!r}")
+            if not isinstance(value, (str, bool, int, float)) or (
+                isinstance(value, float) and not math.isfinite(value)
+            ):
+                raise ValueError(f"attribute {name!r}: unsupported value {value!r}")
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode()
+                except UnicodeEncodeError:
+                    raise ValueError(f"attribute {name!r}: {value!r} has no UTF-8 form") from None
+            items.append((name, value))
+        self.key: tuple[tuple[str, AttributeValue], ...] = tuple(sorted(items))
+        self.mapping: dict[str, AttributeValue] = dict(self.key)
+
+
+NO_ATTRIBUTES = FrozenAttributes({})
+
+
+@dataclasses.dataclass
+class RegistryCounts:
+    """What a registry refused to record, by reason; read by self-telemetry."""
+
+    non_finite: int = 0
+    rejected: int = 0
+    cardinality: int = 0
+    errors: int = 0
+    non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
+    """Declare a named group of series, once per process.
+
+    The specs are read once: rows declared later are not in the group.
+
+    Raises:
+        ValueError: The group name is empty, the specs are empty, two specs share a key
+            or a name, a spec is not a ``MetricSpec``, the group is already registered,
+            or two series (in this group, or one here and one in a registered group)
+            would share a Prometheus name, which would make Prometheus drop one of them.
+    """
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"metric group name must be a non-empty string: {group!r}")
+    specs = tuple(specs)
+    if not specs:
+        raise ValueError(f"metric group {group!r} has no specs")
+    keys: set[str] = set()
+    names: set[str] = set()
+    for spec in specs:
+        if not isinstance(spec, MetricSpec):
+            raise ValueError(f"metric group {group!r}: expected MetricSpec, got {spec!r}")
+        if spec.key in keys:
+            raise ValueError(f"metric group {group!r}: duplicate key {spec.key!r}")
+        if spec.name in names:
+            raise ValueError(f"metric group {group!r}: duplicate name {spec.name!r}")
+        keys.add(spec.key)
+        names.add(spec.name)
+    groups = DECLARATIONS.groups
+    if group in groups:
+        raise ValueError(f"metric group {group!r} is already registered")
+    check_prometheus_names(
+        [(spec.name, spec.kind, spec.unit) for spec in specs],
+        [(spec.name, spec.kind, spec.unit) for other in groups.values() for spec in other],
+    )
+    groups[group] = specs
+
+
+def group_specs(group: str) -> tuple[MetricSpec, ...]:
+    """The specs of a registered group, or an empty tuple."""
+    return DECLARATIONS.groups.get(group, ())
+
+
+class _Series:
+    """One instrument of a group, and how a value is recorded to it."""
+
+    __slots__ = ("owner", "spec")
+
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry) -> None:
+        self.spec = spec
+        self.owner = owner
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        raise NotImplementedError
+
+    def refuse_attribute_set(self, limit: int) -> None:
+        """Count and report (once per series) an attribute set past the series' bound."""
+        self.owner.counts.cardinality += 1
+        warn_once(
+            f"cardinality:{self.spec.name}",
+            "async_tee: series %s reached %d attribute sets; new sets are dropped",
+            self.spec.name,
+            limit,
+        )
+
+
+class _LastValue(_Series):
+    """A gauge: the latest value per attribute set, reported by an observable gauge.
+
+    ``points`` is what is being recorded now. Once :meth:`publish` has run (a step of a
+    per-step series completed), an export reports ``shown``, the points as they were at
+    the last publication, and ``points`` starts empty for the next step: a set not
+    recorded in a step is absent from that step's export (docs/semantics.md §9).
+    """
+
+    __slots__ = ("_observation", "limit", "points", "sets", "shown")
+
+    def __init__(
+        self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
+    ) -> None:
+        super().__init__(spec, owner)
+        self._observation = observation
+        self.limit = owner.max_attribute_sets
+        self.points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
+        self.points = {}
+        self.shown: (
+            dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]] | None
+        ) = None
+        self.sets: set[tuple[tuple[str, AttributeValue], ...]] = set()  # admitted, bounded
+
+    def _admit(self, attributes: FrozenAttributes) -> bool:
+        sets = self.sets
+        if attributes.key in sets:
+            return True
+        if len(sets) < self.limit:
+            sets.add(attributes.key)
+            return True
+        self.refuse_attribute_set(self.limit)
+        return False
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if self._admit(attributes):
+            self.points[attributes.key] = (value, attributes)
+
+    def clear(self, attributes: FrozenAttributes) -> None:
+        self.points.pop(attributes.key, None)
+
+    def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
+        """Record ``raw`` if it is a finite ``float`` for a set this gauge already admitted.
+
+        The worker's fast path: such a value passes every check ``record`` would make
+        (scalar, finite, admitted), so recording it is one store. Returns False for
+        anything else, which the caller then records through :meth:`InstrumentRegistry.record`.
+        """
+        if type(raw) is float and raw - raw == 0.0 and attributes.key in self.sets:
+            self.points[attributes.key] = (raw, attributes)
+            return True
+        return False
+
+    def publish(self) -> None:
+        """A step completed: exports report its points from now on; the next step starts empty."""
+        self.shown, self.points = self.points, {}
+
+    def forget(self) -> None:
+        """Drop every value and admitted set (a forked child exports only its own)."""
+        self.points = {}
+        self.shown = None
+        self.sets = set()
+
+    def observe(self, _options: CallbackOptions) -> list[Observation]:
+        budget().spend()  # a collection is a run of callbacks: slice it between them
+        shown = self.shown
+        # dict.copy() is atomic under the GIL: the exporter's thread reads a consistent
+        # snapshot while the worker keeps writing (a published dict is no longer written).
+        points = self.points.copy() if shown is None else shown
+        return [
+            self._observation(value, attributes.mapping) for value, attributes in points.values()
+        ]
+
+
+class _RunningTotal(_LastValue):
+    """A counter or up-down counter: a running total per attribute set, fed deltas.
+
+    Publishing keeps the totals running and shows a copy of them as they were.
+    """
+
+    __slots__ = ("monotonic",)
+
+    def __init__(
+        self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
+    ) -> None:
+        super().__init__(spec, owner, observation)
+        self.monotonic = spec.kind == "counter"
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if self.monotonic and value < 0:
+            self.owner.counts.rejected += 1
+            warn_once(
+                f"negative:{self.spec.name}",
+                "async_tee: counter %s got a negative delta %r; dropped",
+                self.spec.name,
+                value,
+            )
+            return
+        with self.owner.lock:
+            if self._admit(attributes):
+                previous = self.points.get(attributes.key)
+                total = value if previous is None else previous[0] + value
+                self.points[attributes.key] = (total, attributes)
+
+    def clear(self, attributes: FrozenAttributes) -> None:
+        """A total has no stale value to withdraw: a non-finite delta is only skipped."""
+
+    def publish(self) -> None:
+        """A step completed: exports report the totals as they were at its end."""
+        with self.owner.lock:
+            self.shown = self.points.copy()
+
+    def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
+        """Add ``raw`` if it is a finite ``float`` delta for a set this total already holds.
+
+        Not negative, for a counter. False otherwise (see :meth:`_LastValue.store`).
+        """
+        if type(raw) is not float or raw - raw != 0.0 or (self.monotonic and raw < 0):
+            return False
+        key = attributes.key
+        with self.owner.lock:
+            previous = self.points.get(key)
+            if previous is None:
+                return False
+            self.points[key] = (previous[0] + raw, attributes)
+        return True
+
+
+_SDK_DEFAULT_BUCKETS = (0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000)
+"""The SDK's explicit bucket boundaries for a histogram that names none."""
+
+
+class HistogramPoint:
+    """One attribute set's explicit-bucket histogram, as the SDK's cumulative aggregation."""
+
+    __slots__ = ("attributes", "counts", "max", "min", "start_ns", "sum")
+
+    def __init__(self, attributes: FrozenAttributes, buckets: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * (buckets + 1)
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.start_ns = time.time_ns()
+
+
+class _Histogram(_Series):
+    """A histogram recorded into the SDK's instrument and into a table of its own.
+
+    The table (``points``, bucketed by ``bounds``) is what an export built from the tables
+    reads (``_table_encode``); the SDK's instrument serves every other reader.
+    """
+
+    __slots__ = ("_instrument", "_seen", "bounds", "limit", "points")
+
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry, meter: Meter) -> None:
+        super().__init__(spec, owner)
+        self._instrument = meter.create_histogram(
+            spec.name,
+            unit=spec.unit,
+            description=spec.description,
+            explicit_bucket_boundaries_advisory=list(spec.buckets) if spec.buckets else None,
+        )
+        self._seen: set[tuple[tuple[str, AttributeValue], ...]] = set()
+        self.limit = owner.max_attribute_sets
+        self.bounds: tuple[float, ...] = tuple(spec.buckets or _SDK_DEFAULT_BUCKETS)
+        self.points: dict[tuple[tuple[str, AttributeValue], ...], HistogramPoint] = {}
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if attributes.key not in self._seen:
+            if len(self._seen) >= self.limit:
+                self.refuse_attribute_set(self.limit)
+                return
+            self._seen.add(attributes.key)
+        self._instrument.record(value, attributes.mapping)
+        point = self.points.get(attributes.key)
+        if point is None:
+            point = self.points[attributes.key] = HistogramPoint(attributes, len(self.bounds))
+        point.counts[bisect.bisect_left(self.bounds, value)] += 1
+        point.sum += value
+        point.min = min(point.min, value)
+        point.max = max(point.max, value)
+
+
+class _Observed(_Series):
+    """An observable row whose owner supplies the callback; recording to it is an error."""
+
+    __slots__ = ("callback", "reader")
+
+    def __init__(
+        self,
+        spec: MetricSpec,
+        owner: InstrumentRegistry,
+        callback: Callable[[CallbackOptions], Iterable[Observation]],
+        reader: StatsReader | None = None,
+    ) -> None:
+        super().__init__(spec, owner)
+        self.callback = callback  # the guarded callback the SDK's instrument calls too
+        self.reader = reader  # async_tee's own series: its reader of the registry's stats
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        self.owner.counts.rejected += 1
+        warn_once(
+            f"observable:{self.spec.name}",
+            "async_tee: %s is observable (its callback reports it); recorded value dropped",
+            self.spec.name,
+        )
+
+
+class _Unavailable(_Series):
+    """A series whose instrument could not be created: its values are dropped.
+
+    Stands in for the instrument so that a value for it is not reported a second time,
+    as a key unknown to the group; the creation failure already warned once.
+    """
+
+    __slots__ = ("group",)
+
+    def __init__(self, spec: MetricSpec, owner: InstrumentRegistry, group: str) -> None:
+        super().__init__(spec, owner)
+        self.group = group
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        self.owner.counts.rejected += 1
+        warn_once(
+            f"create:{self.group}:{self.spec.key}",
+            "async_tee: instrument %s could not be created; value dropped",
+            self.spec.name,
+        )
+
+
+class InstrumentRegistry:
+    """Every registered group's instruments on one meter, and what recording refused.
+
+    Get one with :func:`instrument_registry`: there is one per meter.
+
+    Attributes:
+        counts: What recording refused since the current session began.
+        max_attribute_sets: The bound given to series created from now on.
+        lock: Guards running totals and instrument creation; never taken by the tee.
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self._meter = weakref.ref(meter)  # the map below is keyed by the meter: no cycle
+        self._by_group: dict[str, dict[str, _Series]] = {}
+        self.counts = RegistryCounts()
+        self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
+        self.lock = threading.Lock()
+        # What async_tee's own series read: the stats of the session recording into this meter.
+        self.stats_source: Callable[[], Mapping[str, Any]] | None = None
+
+    def stats(self) -> Mapping[str, Any]:
+        """The stats of the session recording into this meter (async_tee's own series read them).
+
+        Raises:
+            LookupError: No session records into this meter.
+        """
+        source = self.stats_source
+        if source is None:
+            raise LookupError("no session records into this meter")
+        return source()
+
+    def begin_session(self, max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS) -> None:
+        """Start counting afresh, with this bound for the series created from now on.
+
+        Raises:
+            ValueError: ``max_attribute_sets`` is below 1.
+        """
+        if max_attribute_sets < 1:
+            raise ValueError(f"max attribute sets must be at least 1, got {max_attribute_sets}")
+        self.counts = RegistryCounts()
+        self.max_attribute_sets = max_attribute_sets
+
+    def instruments(self, group: str) -> dict[str, _Series] | None:
+        """The group's instruments, created on first use; None if the group is unknown."""
+        found = self._by_group.get(group)
+        if found is not None:
+            return found
+        specs = DECLARATIONS.groups.get(group)
+        meter = self._meter()
+        if specs is None or meter is None:
+            warn_once(f"group:{group}", "async_tee: metric group %r is not registered", group)
+            return None
+        with self.lock:
+            if group in self._by_group:
+                return self._by_group[group]
+            created: dict[str, _Series] = {}
+            for spec in specs:
+                try:
+                    created[spec.key] = self._create(meter, spec)
+                except Exception:  # noqa: BLE001 - the SDK raises bare Exception on bad input
+                    self.counts.errors += 1
+                    warn_once(
+                        f"create:{group}:{spec.key}",
+                        "async_tee: could not create instrument %s",
+                        spec.name,
+                    )
+                    created[spec.key] = _Unavailable(spec, self, group)
+            self._by_group[group] = created
+            return created
+
+    def _create(self, meter: Meter, spec: MetricSpec) -> _Series:
+        from opentelemetry.metrics import Observation
+
+        kind = spec.kind
+        common = {"unit": spec.unit, "description": spec.description}
+        if kind == "histogram":
+            return _Histogram(spec, self, meter)
+        if kind in OBSERVABLE_KINDS:
+            create_observable = {
+                "observable_gauge": meter.create_observable_gauge,
+                "observable_counter": meter.create_observable_counter,
+                "observable_up_down_counter": meter.create_observable_up_down_counter,
+            }[kind]
+            reader = spec.callback
+            if isinstance(reader, StatsReader):  # async_tee's own: reads this registry's stats
+                reader = reader.reading(self.stats)
+            callback = self._guarded_callback(spec, reader)
+            create_observable(spec.name, callbacks=[callback], **common)
+            return _Observed(
+                spec, self, callback, reader if isinstance(reader, StatsReader) else None
+            )
+        series: _LastValue
+        if kind == "gauge":
+            series = _LastValue(spec, self, Observation)
+            meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
+        elif kind == "counter":
+            series = _RunningTotal(spec, self, Observation)
+            meter.create_observable_counter(spec.name, callbacks=[series.observe], **common)
+        else:
+            series = _RunningTotal(spec, self, Observation)
+            meter.create_observable_up_down_counter(spec.name, callbacks=[series.observe], **common)
+        return series
+
+    def _guarded_callback(
+        self, spec: MetricSpec, callback: Callable[[CallbackOptions], Iterable[Observation]] | None
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """Wrap an owner's callback so a failure warns once instead of every export cycle."""
+        assert callback is not None
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            budget().spend()
+            try:
+                return list(callback(options))
+            except BaseException:  # the owner's callback must not break an export
+                if sys.is_finalizing():
+                    raise
+                self.counts.errors += 1
+                warn_once(f"callback:{spec.name}", "async_tee: callback of %s failed", spec.name)
+                return []
+
+        return observe
+
+    def tables(self, group: str) -> dict[str, _LastValue]:
+        """The gauges and running totals of ``group`` by key (created now if need be).
+
+        Their ``store`` is the worker's fast path: one step for a value that passes every
+        check :meth:`record` would make, False for anything else.
+        """
+        instruments = self.instruments(group) or {}
+        return {key: s for key, s in instruments.items() if isinstance(s, _LastValue)}
+
+    def create(self, group: str) -> None:
+        """Create every instrument of ``group`` now. Idempotent; never raises."""
+        try:
+            self.instruments(group)
+        except Exception:  # noqa: BLE001 - never raise into the caller
+            self.counts.errors += 1
+            warn_once(f"create:{group}", "async_tee: creating instruments of %r failed", group)
+
+    def record(
+        self,
+        group: str,
+        values: Mapping[str, Any],
+        attributes: Mapping[str, AttributeValue] | FrozenAttributes | None = None,
+    ) -> None:
+        """Record ``{key: value}`` against a group's series. Never raises.
+
+        See :func:`record_metrics` for what is skipped and counted.
+        """
+        try:
+            instruments = self.instruments(group)
+            if instruments is None:
+                return
+            if attributes is None:
+                frozen = NO_ATTRIBUTES
+            elif type(attributes) is FrozenAttributes:
+                frozen = attributes
+            else:
+                try:
+                    frozen = FrozenAttributes(attributes)  # type: ignore[arg-type]
+                except (ValueError, AttributeError, TypeError):
+                    self.counts.rejected += 1
+                    warn_once(
+                        f"attributes:{group}",
+                        "async_tee: bad attributes %r for group %r; values dropped",
+                        attributes,
+                        group,
+                    )
+                    return
+            for key, raw in values.items():
+                if raw is None:
+                    continue
+                self._record_one(instruments, group, key, raw, frozen)
+        except Exception:  # noqa: BLE001 - never raise into the caller
+            self.counts.errors += 1
+            warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
+
+    def _record_one(
+        self,
+        instruments: Mapping[str, _Series],
+        group: str,
+        key: str,
+        raw: Any,
+        attributes: FrozenAttributes,
+    ) -> None:
+        counts = self.counts
+        series = instruments.get(key)
+        if series is None:
+            counts.rejected += 1
+            warn_once(f"key:{group}:{key}", "async_tee: %r is not a key of group %r", key, group)
+            return
+        value = as_scalar(raw)
+        if value is None:
+            counts.rejected += 1
+            warn_once(
+                f"value:{group}:{key}",
+                "async_tee: value %.80r for %s is not a number; dropped",
+                raw,
+                series.spec.name,
+            )
+            return
+        if not math.isfinite(value):
+            counts.non_finite += 1
+            name = series.spec.name
+            counts.non_finite_by_series[name] = counts.non_finite_by_series.get(name, 0) + 1
+            if isinstance(series, _LastValue):
+                series.clear(attributes)
+            return
+        try:
+            series.record(value, attributes)
+        except Exception:  # noqa: BLE001 - an SDK failure must not stop the other keys
+            counts.errors += 1
+            warn_once(f"emit:{group}:{key}", "async_tee: recording %s failed", series.spec.name)
+
+    def after_fork_in_child(self) -> None:
+        """A fresh lock, and no value inherited from the parent.
+
+        A child (a DataLoader worker, say) shares the parent's resource identity; if it
+        kept the parent's last values it would export them again under that identity,
+        stale, beside the parent's own. It exports only what it records itself.
+        """
+        self.lock = threading.Lock()
+        for instruments in self._by_group.values():
+            for series in instruments.values():
+                if isinstance(series, _LastValue):
+                    series.forget()
+
+
+# One registry per live meter, because the SDK keeps one instrument per name per meter for
+# the meter's whole life; weak, so a meter nobody holds takes its registry with it.
+_BY_METER: weakref.WeakKeyDictionary[Any, InstrumentRegistry] = weakref.WeakKeyDictionary()
+_BY_METER_LOCK = threading.Lock()  # one registry per meter even if two threads ask at once
+
+
+def instrument_registry(meter: Meter) -> InstrumentRegistry:
+    """The registry of ``meter``'s instruments (created on first use)."""
+    found = _BY_METER.get(meter)
+    if found is None:
+        with _BY_METER_LOCK:
+            found = _BY_METER.get(meter)
+            if found is None:
+                found = _BY_METER[meter] = InstrumentRegistry(meter)
+    return found
+
+
+def create_metric_instruments(meter: Meter, group: str) -> None:
+    """Create every instrument of ``group`` on ``meter`` now. Idempotent; never raises.
+
+    Only observable series strictly need this: nothing ever records to them, so nothing
+    else would create them.
+    """
+    try:
+        instrument_registry(meter).create(group)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        warn_once(f"create:{group}", "async_tee: creating instruments of %r failed", group)
+
+
+def record_metrics(
+    meter: Meter,
+    group: str,
+    values: Mapping[str, Any],
+    attributes: Mapping[str, AttributeValue] | FrozenAttributes | None = None,
+) -> None:
+    """Record ``{key: value}`` against a group's series. Never raises.
+
+    ``None`` values are skipped. Non-finite values are not exported (the SDK would drop
+    them with a warning on every call and leave a gauge at its last finite value, hiding
+    e.g. a diverged loss): they are counted per series, and a gauge's last value for that
+    attribute set is withdrawn, so a dashboard shows a gap rather than a stale number.
+    An unknown group or key, a non-numeric value, bad attributes, a negative counter
+    delta, a value for an observable key, and any failure inside OTel are reported once
+    (warning, then debug), counted in the meter's :class:`InstrumentRegistry`, and
+    skipped. Safe from any thread.
+    """
+    try:
+        instrument_registry(meter).record(group, values, attributes)
+    except Exception:  # noqa: BLE001 - never raise into the caller
+        warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
+
+
+def _after_fork_in_child() -> None:
+    global _BY_METER_LOCK
+    _BY_METER_LOCK = threading.Lock()  # one registry per meter even if two threads ask at once
+    for registry in list(_BY_METER.values()):
+        registry.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
