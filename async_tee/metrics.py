@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee import _reporting
-from async_tee._declare import rl_group as _rl_group
-from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._declare import groups as _rl_group
+from async_tee._declare.groups import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee._declare.rows import (
     COLLECTOR_WALL_CLOCK_MEASUREMENT,
     DECLARATIONS,
     THREAD_SECONDS_MEASUREMENT,
+    TRAIN_PREFIXES,
     WALL_CLOCK_MEASUREMENT,
 )
 from async_tee._declare.series import (
@@ -44,7 +45,6 @@ from async_tee._declare.series import (
 from async_tee._handoff.caller import record_rl_metrics, tee_rl_metrics_to_otel
 from async_tee._reporting import warn_once
 from async_tee._session import lifecycle as _telemetry
-from async_tee._tables.registry import FrozenAttributes, record_metrics
 from async_tee._worker import mapping as _mapping
 from async_tee._worker.mapping import (
     RUN_WINDOW,
@@ -56,6 +56,7 @@ from async_tee._worker.mapping import (
     setup_phase,
 )
 from async_tee._worker.recorder import RLRecorder
+from async_tee.registry import FrozenAttributes, instrument_registry, record_metrics
 from async_tee.vocabulary import efficiency_measurements
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ __all__ = [
 logger = logging.getLogger("async_tee")
 
 # The seed's private names, bound to where each fact now lives.
-_TRAIN_PREFIXES = _mapping.TRAIN_PREFIXES
+_TRAIN_PREFIXES = TRAIN_PREFIXES
 _EFFICIENCY_KEY_PREFIX = _mapping.EFFICIENCY_KEY_PREFIX
 _EFFICIENCY_SECONDS_SUFFIX = _mapping.EFFICIENCY_SECONDS_SUFFIX
 _metric_specs = _rl_group.metric_specs
@@ -133,7 +134,7 @@ def _recorder(meter: Meter | None) -> RLRecorder | None:
         return pipeline.recorder
     if meter is None or not ensure_metric_group_registered():
         return None
-    return RLRecorder.for_meter(meter)
+    return RLRecorder(instrument_registry(meter))
 
 
 def _record(

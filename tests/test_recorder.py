@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 from async_tee import testing
 from async_tee._declare import series as _series
-from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._declare.groups import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee._worker.mapping import (
     PCT_ATTRIBUTES,
     map_efficiency_pct,
@@ -29,7 +29,7 @@ from async_tee._worker.mapping import (
     map_teed_scalars,
 )
 from async_tee._worker.recorder import RLRecorder
-from async_tee.registry import InstrumentRegistry
+from async_tee.registry import InstrumentRegistry, instrument_registry
 
 _VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
@@ -96,8 +96,8 @@ def test_the_fast_path_records_what_the_checked_path_does(calls):
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(sequence=_dicts(calls), warm=st.booleans())
     def check(sequence: list[tuple[dict[str, Any], str]], warm: bool) -> None:
-        fast = RLRecorder.for_meter(provider.get_meter(f"fast-{id(sequence)}"))
-        slow = RLRecorder.for_meter(provider.get_meter(f"slow-{id(sequence)}"))
+        fast = RLRecorder(instrument_registry(provider.get_meter(f"fast-{id(sequence)}")))
+        slow = RLRecorder(instrument_registry(provider.get_meter(f"slow-{id(sequence)}")))
         if warm:  # every gauge already holds a point: the fast path is taken from the start
             for metrics, prefix in ((c["metrics"], c["prefix"]) for c in calls):
                 if prefix in ("train", ""):
@@ -123,7 +123,7 @@ def test_a_stored_counter_refuses_what_record_refuses():
     assert ensure_metric_group_registered()
     provider = MeterProvider(shutdown_on_exit=False)
     try:
-        recorder = RLRecorder.for_meter(provider.get_meter("counters"))
+        recorder = RLRecorder(instrument_registry(provider.get_meter("counters")))
         key = "vllm/prompt_tokens"
         recorder.tee({key: 10.0}, "train", 1)
         recorder.tee({key: -5.0}, "train", 2)

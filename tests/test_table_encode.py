@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 
 import async_tee
 from async_tee import __version__
-from async_tee._declare.rl_group import RL_METRIC_GROUP
+from async_tee._declare.groups import RL_METRIC_GROUP
 from async_tee._declare.series import SELF_METRIC_GROUP
 from async_tee._export.table_encode import TableEncoder
 

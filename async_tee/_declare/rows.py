@@ -58,6 +58,19 @@ reads are the step's phases, and it ends a step for callers that pass no step.""
 ROWLESS_PREFIXES = (SETUP_PREFIX,)
 """Prefixes whose every key belongs to a derived family: no row may be declared there."""
 
+TRAIN_PREFIXES: tuple[str | None, ...] = PER_STEP_PREFIXES
+"""Prefixes of the per-step dicts (the training scalars and the efficiency dict)."""
+
+BUILT_IN_PREFIXES: tuple[str | None, ...] = (
+    *TRAIN_PREFIXES,
+    None,
+    SETUP_PREFIX,
+    STEP_TIMING_PREFIX,
+)
+"""The prefixes the tee takes whatever rows are declared (their families are built in);
+the declared rows' prefixes add to them (:attr:`MappingPlan.prefixes`)."""
+
+
 # OTel's SDK raises a bare Exception at instrument creation for any other name, and for a
 # unit that is not ASCII or longer than 63 characters: catch both at declaration instead.
 _INSTRUMENT_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")

@@ -18,9 +18,9 @@ from itertools import islice
 from time import monotonic_ns
 from typing import Any, TypeAlias
 
+from async_tee._declare.rows import BUILT_IN_PREFIXES
 from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
-from async_tee._worker.mapping import BUILT_IN_PREFIXES
 
 PickedValues: TypeAlias = "tuple[tuple[str, ...], tuple[Any, ...]]"
 """``(read_keys, values)``: a dict's values at the keys a row reads, :data:`ABSENT` where

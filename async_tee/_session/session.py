@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from async_tee._declare import series as _series
-from async_tee._declare.rl_group import RL_METRIC_GROUP, ensure_metric_group_registered
+from async_tee._declare.groups import RL_METRIC_GROUP, ensure_metric_group_registered
 from async_tee._declare.rows import OBSERVABLE_KINDS
 from async_tee._export.exporters import ExporterState
 from async_tee._export.provider import Exports, build_exports
@@ -202,7 +202,7 @@ class Pipeline:
 
         step_reader = self.exports.step_reader
         queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
-        recorder = RLRecorder.for_meter(self.meter)  # over this meter's registry, above
+        recorder = RLRecorder(self.instruments)
         steps = StepClock(recorder.record_step, step_reader, self.policy)
         consumer = SnapshotConsumer(recorder, steps, queue, on_step=self._signals.check)
         worker = Worker(

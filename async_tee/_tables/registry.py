@@ -32,7 +32,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from async_tee._declare.prometheus_names import check_prometheus_names
+from async_tee._declare.attributes import NO_ATTRIBUTES, AttributeValue, FrozenAttributes
+from async_tee._declare.groups import group_specs, register_metric_group
 from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
 from async_tee._reporting import warn_once
 from async_tee._tables.self_series import StatsReader
@@ -63,43 +64,6 @@ Below the SDK's own limit of 2,000, past which points silently merge into one
 ``otel.metric.overflow`` series.
 """
 
-AttributeValue = str | bool | int | float
-
-
-class FrozenAttributes:
-    """An attribute set validated and keyed once, for callers that reuse it every record."""
-
-    __slots__ = ("key", "mapping")
-
-    def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
-        """Validate ``attributes``.
-
-        Raises:
-            ValueError: A key is not a non-empty string or a value is not a str, bool,
-                int or finite float; a string has no UTF-8 form (a lone surrogate, as a
-                key read with ``surrogateescape`` carries): every exposition would fail on
-                it, a Prometheus scrape with it (docs/semantics.md §4).
-        """
-        items = []
-        for name, value in attributes.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"attribute name must be a non-empty string: {name!r}")
-            if not isinstance(value, (str, bool, int, float)) or (
-                isinstance(value, float) and not math.isfinite(value)
-            ):
-                raise ValueError(f"attribute {name!r}: unsupported value {value!r}")
-            if isinstance(value, str) and not value.isascii():
-                try:
-                    value.encode()
-                except UnicodeEncodeError:
-                    raise ValueError(f"attribute {name!r}: {value!r} has no UTF-8 form") from None
-            items.append((name, value))
-        self.key: tuple[tuple[str, AttributeValue], ...] = tuple(sorted(items))
-        self.mapping: dict[str, AttributeValue] = dict(self.key)
-
-
-NO_ATTRIBUTES = FrozenAttributes({})
-
 
 @dataclasses.dataclass
 class RegistryCounts:
@@ -110,48 +74,6 @@ class RegistryCounts:
     cardinality: int = 0
     errors: int = 0
     non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-def register_metric_group(group: str, specs: Iterable[MetricSpec]) -> None:
-    """Declare a named group of series, once per process.
-
-    The specs are read once: rows declared later are not in the group.
-
-    Raises:
-        ValueError: The group name is empty, the specs are empty, two specs share a key
-            or a name, a spec is not a ``MetricSpec``, the group is already registered,
-            or two series (in this group, or one here and one in a registered group)
-            would share a Prometheus name, which would make Prometheus drop one of them.
-    """
-    if not isinstance(group, str) or not group:
-        raise ValueError(f"metric group name must be a non-empty string: {group!r}")
-    specs = tuple(specs)
-    if not specs:
-        raise ValueError(f"metric group {group!r} has no specs")
-    keys: set[str] = set()
-    names: set[str] = set()
-    for spec in specs:
-        if not isinstance(spec, MetricSpec):
-            raise ValueError(f"metric group {group!r}: expected MetricSpec, got {spec!r}")
-        if spec.key in keys:
-            raise ValueError(f"metric group {group!r}: duplicate key {spec.key!r}")
-        if spec.name in names:
-            raise ValueError(f"metric group {group!r}: duplicate name {spec.name!r}")
-        keys.add(spec.key)
-        names.add(spec.name)
-    groups = DECLARATIONS.groups
-    if group in groups:
-        raise ValueError(f"metric group {group!r} is already registered")
-    check_prometheus_names(
-        [(spec.name, spec.kind, spec.unit) for spec in specs],
-        [(spec.name, spec.kind, spec.unit) for other in groups.values() for spec in other],
-    )
-    groups[group] = specs
-
-
-def group_specs(group: str) -> tuple[MetricSpec, ...]:
-    """The specs of a registered group, or an empty tuple."""
-    return DECLARATIONS.groups.get(group, ())
 
 
 class _Series:
@@ -232,7 +154,12 @@ class _LastValue(_Series):
 
     def publish(self) -> None:
         """A step completed: exports report its points from now on; the next step starts empty."""
-        self.shown, self.points = self.points, {}
+        if self.changes_when_published():
+            self.shown, self.points = self.points, {}
+
+    def changes_when_published(self) -> bool:
+        """False for a table empty now and shown empty: publishing it would change nothing."""
+        return bool(self.points) or self.shown is None or bool(self.shown)
 
     def forget(self) -> None:
         """Drop every value and admitted set (a forked child exports only its own)."""
@@ -286,6 +213,8 @@ class _RunningTotal(_LastValue):
 
     def publish(self) -> None:
         """A step completed: exports report the totals as they were at its end."""
+        if not self.changes_when_published():
+            return
         with self.owner.lock:
             self.shown = self.points.copy()
 

@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from async_tee._declare import series as _series
+from async_tee._declare.attributes import NO_ATTRIBUTES, FrozenAttributes
 from async_tee._declare.rows import (
-    PER_STEP_PREFIXES,
+    BUILT_IN_PREFIXES,
     SETUP_PREFIX,
     STEP_TIMING_PREFIX,
     WALL_CLOCK_MEASUREMENT,
     EfficiencyCategory,
     TeedMetric,
 )
-from async_tee._tables.registry import NO_ATTRIBUTES, FrozenAttributes
 from async_tee.vocabulary import (
     DEVICE_TENSOR,
     NOT_A_NUMBER,
@@ -34,18 +34,6 @@ from async_tee.vocabulary import (
     skip_reason,
     teed_metrics,
 )
-
-TRAIN_PREFIXES: tuple[str | None, ...] = PER_STEP_PREFIXES
-"""Prefixes of the per-step dicts (the training scalars and the efficiency dict)."""
-
-BUILT_IN_PREFIXES: tuple[str | None, ...] = (
-    *TRAIN_PREFIXES,
-    None,
-    SETUP_PREFIX,
-    STEP_TIMING_PREFIX,
-)
-"""The prefixes the tee takes whatever rows are declared (their families are built in);
-the declared rows' prefixes add to them (:attr:`MappingPlan.prefixes`)."""
 
 STEP_WINDOW = "step"
 """The value covers the current step (the driver resets its timer every step)."""

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from async_tee._declare import series as _series
-from async_tee._declare.rl_group import RL_METRIC_GROUP
+from async_tee._declare.attributes import NO_ATTRIBUTES, FrozenAttributes
+from async_tee._declare.groups import RL_METRIC_GROUP
 from async_tee._declare.rows import (
     SETUP_PREFIX,
     STEP_TIMING_PREFIX,
@@ -22,12 +23,6 @@ from async_tee._declare.rows import (
     TeedMetric,
 )
 from async_tee._reporting import warn_once
-from async_tee._tables.registry import (
-    NO_ATTRIBUTES,
-    FrozenAttributes,
-    InstrumentRegistry,
-    instrument_registry,
-)
 from async_tee._worker.gil import budget
 from async_tee._worker.mapping import (
     PCT_ATTRIBUTES,
@@ -35,6 +30,7 @@ from async_tee._worker.mapping import (
     UNKNOWN_CATEGORY,
     MappingPlan,
     Skipped,
+    Store,
     compile_plan,
     count_skipped,
     efficiency_values,
@@ -45,11 +41,6 @@ from async_tee._worker.mapping import (
     unknown_categories,
 )
 from async_tee.vocabulary import efficiency_categories, recorded_metrics, teed_metrics
-
-if TYPE_CHECKING:
-    from opentelemetry.metrics import Meter
-
-    from async_tee._tables.registry import _LastValue
 
 _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key
@@ -108,16 +99,40 @@ class CountedSteps:
         return len(self._by_step)
 
 
+class Table(Store, Protocol):
+    """A series' table of last values or running totals (``_tables``): store, publish."""
+
+    def publish(self) -> None:
+        """A step completed: exports show the table as it is now."""
+
+
+class Tables(Protocol):
+    """What the recorder records into: one meter's instruments (``_tables``)."""
+
+    def record(
+        self,
+        group: str,
+        values: Mapping[str, Any],
+        attributes: Mapping[str, Any] | FrozenAttributes | None = None,
+    ) -> None:
+        """Record ``{key: value}`` against a group's series, through every check."""
+
+    def tables(self, group: str) -> Mapping[str, Table]:
+        """The group's gauges and running totals by key."""
+
+
 class RLRecorder:
     """Maps and records one session's snapshots into the ``rl`` group of its meter."""
 
     def __init__(
         self,
-        instruments: InstrumentRegistry,
-        rows: tuple[TeedMetric, ...],
-        categories: Mapping[str, EfficiencyCategory],
+        instruments: Tables,
+        rows: tuple[TeedMetric, ...] | None = None,
+        categories: Mapping[str, EfficiencyCategory] | None = None,
     ) -> None:
-        """Bind the recorder to a meter's instruments and the closed declarations."""
+        """Bind the recorder to a meter's instruments and the declarations (the current ones)."""
+        rows = teed_metrics() if rows is None else rows
+        categories = efficiency_categories() if categories is None else categories
         self.instruments = instruments
         self.rows = rows
         self.counter_keys = frozenset(row.key for row in rows if row.kind == "counter")
@@ -129,8 +144,8 @@ class RLRecorder:
         # directly recorded rows (no step); every other table is published per step.
         self._held = frozenset((_SETUP_DURATION_KEY, *(row.key for row in recorded_metrics())))
         self._bound: MappingPlan | None = None
-        self._tables: dict[str, _LastValue] | None = None
-        self._per_step: tuple[_LastValue, ...] | None = None
+        self._tables: Mapping[str, Table] | None = None
+        self._per_step: tuple[Table, ...] | None = None
         self._phases: dict[str, FrozenAttributes] = {}
         # While the first step the session numbers itself is open, a counter key logged a
         # third time in it shows the loop ends no step with a step-ending dict: the copies
@@ -139,11 +154,6 @@ class RLRecorder:
         self.probing = False
         self.unmarked = False
         self._held_back: dict[str, list[float]] = {}
-
-    @classmethod
-    def for_meter(cls, meter: Meter) -> RLRecorder:
-        """A recorder for ``meter`` over the current declarations (the group must exist)."""
-        return cls(instrument_registry(meter), teed_metrics(), efficiency_categories())
 
     def record(
         self,
@@ -222,7 +232,7 @@ class RLRecorder:
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:setup", "async_tee: teeing the setup phases failed")
 
-    def tables(self) -> dict[str, _LastValue]:
+    def tables(self) -> Mapping[str, Table]:
         """The ``rl`` group's gauges and running totals by key, looked up once per session."""
         if self._tables is None:
             self._tables = self.instruments.tables(RL_METRIC_GROUP)
@@ -232,7 +242,7 @@ class RLRecorder:
         """Record ``rl.step`` and ``rl.step.time`` for a completed step, then publish it.
 
         From now on every export shows this step: each per-step table's points as they are
-        now, and the next step's values are recorded apart (``registry._LastValue.publish``).
+        now, and the next step's values are recorded apart (the table's ``publish``).
         Never raises.
         """
         try:
@@ -245,13 +255,11 @@ class RLRecorder:
             if values:
                 self.record(values)
             for table in self.per_step_tables():
-                # Publishing a table empty now and shown empty changes nothing: skipped.
-                if table.points or table.shown is None or table.shown:
-                    table.publish()
+                table.publish()
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")
 
-    def per_step_tables(self) -> tuple[_LastValue, ...]:
+    def per_step_tables(self) -> tuple[Table, ...]:
         """The tables published at each completed step: every one but the held ones."""
         if self._per_step is None:
             held = self._held
