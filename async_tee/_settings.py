@@ -7,7 +7,26 @@ from __future__ import annotations
 
 import dataclasses
 
-from async_tee._launcher import LauncherRanks
+
+@dataclasses.dataclass(frozen=True)
+class LauncherRanks:
+    """This process's place in its job, as its launcher said, or all None.
+
+    Attributes:
+        launcher: The family that said it (``torchrun``, ``slurm``, ``openmpi``,
+            ``mpich``), or ``""`` when no launcher variable is set.
+        rank: The global rank.
+        local_rank: The rank among the processes of this node.
+        world_size: How many ranks the job has.
+        node_rank: Which node this is.
+    """
+
+    launcher: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    node_rank: int | None = None
+
 
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_PROMETHEUS_PORT = 9464

@@ -8,6 +8,7 @@ its type, default and unit (the README carries the same table).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -16,9 +17,8 @@ from collections.abc import Mapping
 from urllib.parse import unquote
 
 from async_tee._export.exporters import EXPORTER_KINDS
-from async_tee._launcher import LauncherRanks, launcher_ranks
 from async_tee._reporting import warn_once
-from async_tee._settings import DEFAULT_GRPC_ENDPOINT, DEFAULT_PROMETHEUS_PORT
+from async_tee._settings import DEFAULT_GRPC_ENDPOINT, DEFAULT_PROMETHEUS_PORT, LauncherRanks
 from async_tee._settings import Settings as Settings
 
 ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
@@ -56,7 +56,7 @@ process goes on dying (``TERM,USR1`` for Slurm's ``--signal``; empty: install no
 
 ASYNC_TEE_RANK_ATTRIBUTES = "ASYNC_TEE_RANK_ATTRIBUTES"
 """bool, default true: add the launcher's ranks (``rl.rank``, ``rl.local_rank``, ...) to the
-resource (which launcher variables are read: :mod:`async_tee._launcher`)."""
+resource (which launcher variables are read: :data:`FAMILIES`)."""
 
 ASYNC_TEE_EXPORT_RANKS = "ASYNC_TEE_EXPORT_RANKS"
 """``all`` (default) | ``0`` | ``local0``: which ranks start telemetry. ``0``: global rank 0
@@ -459,3 +459,45 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ranks=ranks,
         export_ranks=_export_ranks(env),
     )
+
+
+# Which rank this process is: one launcher family answers for all four numbers, the first
+# in FAMILIES' order that sets any of its variables to a whole number. Families nest
+# (torchrun under srun sees both), so they are never mixed and an explicit RANK wins (§10).
+# (family, rank, local rank, world size, node rank variables in order of preference)
+FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    ("torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", ("GROUP_RANK", "NODE_RANK")),
+    ("slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", ("SLURM_NODEID",)),
+    (
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        ("OMPI_COMM_WORLD_NODE_RANK",),
+    ),
+    ("mpich", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", ()),
+)
+"""Each launcher family's variables, in the order the families are asked."""
+
+
+def _whole(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def launcher_ranks(environ: Mapping[str, str]) -> LauncherRanks:
+    """The ranks the first family with a whole-number variable sets. Never raises."""
+    for family, rank, local_rank, world_size, node_ranks in FAMILIES:
+        node = next(
+            (n for n in (_whole(environ, name) for name in node_ranks) if n is not None), None
+        )
+        found = LauncherRanks(
+            family,
+            _whole(environ, rank),
+            _whole(environ, local_rank),
+            _whole(environ, world_size),
+            node,
+        )
+        if dataclasses.astuple(found)[1:] != (None, None, None, None):
+            return found
+    return LauncherRanks()

@@ -43,7 +43,7 @@ LATEST_JSON = ROOT / "benchmarks" / "results" / "latest.json"
 SUMMARY = ROOT / "benchmarks" / "summary.py"
 
 try:  # the step-export policy's own module
-    from async_tee._worker.policy import BACKSTOP_GRACE, STEP_SETTLE_S
+    from async_tee._worker.steps import BACKSTOP_GRACE, STEP_SETTLE_S
 except ImportError:  # pragma: no cover - before the policy had a module of its own
     from async_tee._export.reader import BACKSTOP_GRACE  # type: ignore[attr-defined,no-redef]
     from async_tee._worker.steps import STEP_SETTLE_S  # type: ignore[attr-defined,no-redef]

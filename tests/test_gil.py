@@ -150,8 +150,7 @@ class CountingReader:
 
 
 def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
-    from async_tee._worker.policy import StepPolicy
-    from async_tee._worker.steps import StepClock
+    from async_tee._worker.steps import StepClock, StepPolicy
 
     reader = CountingReader()
     clock = StepClock(lambda step, at: None, reader, StepPolicy(min_interval_s=1.0))

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from async_tee._launcher import LauncherRanks, launcher_ranks
-from async_tee.config import load_settings, run_id
+from async_tee._settings import LauncherRanks
+from async_tee.config import launcher_ranks, load_settings, run_id
 
 TORCHRUN = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "2"}
 SLURM = {"SLURM_PROCID": "6", "SLURM_LOCALID": "2", "SLURM_NTASKS": "16", "SLURM_NODEID": "1"}

@@ -18,8 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from async_tee._export.delivery import ExportCounts
-from async_tee._worker.policy import BACKSTOP_GRACE, STEP_SETTLE_S, StepPolicy
-from async_tee._worker.steps import StepClock
+from async_tee._worker.steps import BACKSTOP_GRACE, STEP_SETTLE_S, StepClock, StepPolicy
 
 MS = 1_000_000  # ns
 

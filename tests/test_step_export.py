@@ -199,7 +199,7 @@ def test_steps_one_interval_apart_do_not_race_the_periodic_export(sink):
 
 
 def test_the_period_waits_a_grace_after_a_step_export_only(sink):
-    from async_tee._worker.policy import BACKSTOP_GRACE
+    from async_tee._worker.steps import BACKSTOP_GRACE
 
     async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
     pipeline = async_tee._telemetry.active()

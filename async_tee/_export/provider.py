@@ -19,7 +19,7 @@ from async_tee._export.exporters import EXPORTER_KINDS, ExporterState, Started, 
 from async_tee._reporting import logger, warn_once
 from async_tee._settings import Settings
 from async_tee._version import __version__
-from async_tee._worker.policy import StepPolicy
+from async_tee._worker.steps import StepPolicy
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

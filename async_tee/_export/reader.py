@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 
 from async_tee._reporting import logger, warn_once
 from async_tee._worker.gil import budget
-from async_tee._worker.policy import StepPolicy
+from async_tee._worker.steps import StepPolicy
 
 if TYPE_CHECKING:
     from async_tee._export.delivery import ExportCounts

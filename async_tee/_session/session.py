@@ -37,9 +37,8 @@ from async_tee._session.signals import SignalFlush
 from async_tee._settings import Settings
 from async_tee._tables.registry import InstrumentRegistry, RegistryCounts, instrument_registry
 from async_tee._version import __version__
-from async_tee._worker.policy import StepPolicy
 from async_tee._worker.recorder import RLRecorder
-from async_tee._worker.steps import StepClock
+from async_tee._worker.steps import StepClock, StepPolicy
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
