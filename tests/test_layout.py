@@ -260,7 +260,7 @@ def test_module_state_is_a_handful_of_names():
         "async_tee._session.lifecycle._ACTIVE",
         "async_tee._session.lifecycle._LAST",
         "async_tee._session.lifecycle._LIFECYCLE",
-        "async_tee._session.lifecycle._HOOKS_INSTALLED",
+        "async_tee._session.lifecycle._EXIT_HOOK_INSTALLED",
         "async_tee._reporting._WARNED",
         "async_tee._reporting._SATURATED",
         "async_tee._tables.registry._BY_METER",

@@ -185,6 +185,12 @@ class Exports:
             and every_one_started
         )
 
+    def after_fork_in_child(self) -> None:
+        """The child's own counts, and its own exporting threads (``fork`` kept none)."""
+        self.counts.reset()
+        for reader in self.push_readers:
+            reader.after_fork_in_child()
+
     def close_unopened(self) -> None:
         """A session that failed to open: shut down what was built here at once."""
         if self.owned:

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -168,22 +166,13 @@ class ExportingReader(MetricReader):
         for logger_name in _EXPORTER_LOGGERS:
             logging.getLogger(logger_name).addFilter(self._last_error)
         self._init_thread()
-        if hasattr(os, "register_at_fork"):  # weakly: a finished session's reader can go
-            after_fork = weakref.WeakMethod(self._after_fork_in_child)
-
-            def after_in_child() -> None:
-                method = after_fork()
-                if method is not None:
-                    method()
-
-            os.register_at_fork(after_in_child=after_in_child)
 
     @property
     def stopped(self) -> bool:
         """Whether :meth:`shutdown` was called."""
         return self._stopped
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         """The child's own exporting thread (the parent's did not survive ``fork``)."""
         if not self._stopped:
             self._init_thread()

@@ -23,6 +23,7 @@ from async_tee._declare.rows import DECLARATIONS
 from async_tee._handoff import caller as _caller
 from async_tee._reporting import logger, warn_once
 from async_tee._session.session import NO_SESSION, DisabledSession, Pipeline
+from async_tee._tables import registry as tables
 from async_tee._tables.registry import register_metric_group
 from async_tee._tables.self_series import self_metric_specs
 from async_tee.config import load_settings
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 _ACTIVE: Pipeline | None = None  # the running session: flush/shutdown act on it while it is open
 _LAST: Pipeline | DisabledSession = NO_SESSION  # the last session started: what stats() reads
 _LIFECYCLE = threading.RLock()  # start/shutdown/fork only; never taken by the tee or worker
-_HOOKS_INSTALLED = False  # atexit and fork hooks are installed once per process
+_EXIT_HOOK_INSTALLED = False  # the bounded shutdown at exit is registered once per process
 
 
 def active() -> Pipeline | None:
@@ -123,7 +124,7 @@ def start_telemetry(
                 settings.export_ranks,
             )
             return _LAST  # nothing starts: no thread, no hook, the tee stays a no-op
-        _install_hooks()
+        _install_exit_hook()
         try:
             if _series.SELF_METRIC_GROUP not in DECLARATIONS.groups:
                 # Once per process, like every group: its callbacks read the session now
@@ -240,7 +241,15 @@ def _shutdown_at_exit() -> None:
     shutdown_telemetry()
 
 
-# The running session's fork hooks are called by these alone (os.register_at_fork's).
+# Fork, handled here alone (docs/semantics.md §7). ``os.fork()`` keeps only the forking
+# thread, so a child has no worker, exporting thread or signal thread, and may inherit a lock
+# one of them held. Before the fork, the running session's worker finishes the batch in hand
+# (at most FORK_PAUSE_S), so the child inherits no lock it holds; in the parent it then goes
+# on. In the child, in this order: a fresh lifecycle lock; the tee off (the parent's queue has
+# no worker here); every meter's tables forget the parent's values and get fresh locks (the
+# child shares the parent's identity: it must export only what it records); the running
+# session goes on as the child's own (fresh counts, exporting threads, signal thread, queue
+# and worker); the tee points at its new queue.
 
 
 def _before_fork() -> None:
@@ -259,20 +268,22 @@ def _after_fork_in_child() -> None:
     global _LIFECYCLE
     _LIFECYCLE = threading.RLock()
     _caller.attach(None)  # the parent's queue: nobody drains it here
+    tables.after_fork_in_child()
     pipeline = active()
     if pipeline is not None and pipeline._after_fork_in_child():
         _caller.attach(pipeline.queue, pipeline.snapshot_keys, pipeline.settings.max_attribute_sets)
 
 
-def _install_hooks() -> None:
-    global _HOOKS_INSTALLED
-    if _HOOKS_INSTALLED:
-        return
-    _HOOKS_INSTALLED = True
-    atexit.register(_shutdown_at_exit)
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(
-            before=_before_fork,
-            after_in_parent=_after_fork_in_parent,
-            after_in_child=_after_fork_in_child,
-        )
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
+
+
+def _install_exit_hook() -> None:
+    global _EXIT_HOOK_INSTALLED
+    if not _EXIT_HOOK_INSTALLED:
+        _EXIT_HOOK_INSTALLED = True
+        atexit.register(_shutdown_at_exit)

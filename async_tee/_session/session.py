@@ -371,7 +371,7 @@ class Pipeline:
         if self._closed:
             return False
         self.instruments.counts = RegistryCounts()
-        self.exports.counts.reset()
+        self.exports.after_fork_in_child()
         self._export_stats.forget()
         self._signals.after_fork_in_child()
         try:

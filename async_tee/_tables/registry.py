@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import os
 import sys
 import threading
 import time
@@ -617,12 +616,9 @@ def record_metrics(
         warn_once(f"record:{group}", "async_tee: recording to group %r failed", group)
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """Every meter's registry in a forked child: fresh locks, no value of the parent's."""
     global _BY_METER_LOCK
     _BY_METER_LOCK = threading.Lock()  # one registry per meter even if two threads ask at once
     for registry in list(_BY_METER.values()):
         registry.after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
