@@ -14,8 +14,15 @@ from __future__ import annotations
 from async_tee._declare import shipped as _default_rows  # noqa: F401 - declares the shipped rows at import
 from async_tee._declare.rows import EfficiencyCategory, RecordedMetric, TeedMetric
 from async_tee._handoff.caller import record_rl_metrics, tee_rl_metrics_to_otel
-from async_tee._session.lifecycle import aflush, flush, shutdown_telemetry, start_telemetry, stats
-from async_tee._session.session import DisabledSession, Pipeline
+from async_tee._session.lifecycle import (
+    DisabledSession,
+    aflush,
+    flush,
+    shutdown_telemetry,
+    start_telemetry,
+    stats,
+)
+from async_tee._session.session import Pipeline
 from async_tee._version import __version__
 from async_tee.catalog import CatalogEntry, series_catalog
 from async_tee.logger import Backend, JsonlBackend, Logger

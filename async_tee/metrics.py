@@ -131,7 +131,7 @@ def _recorder(meter: Meter | None) -> RLRecorder | None:
     """
     pipeline = _telemetry.active()
     if pipeline is not None and (meter is None or meter is pipeline.meter):
-        return pipeline.recorder
+        return pipeline.consumer.recorder
     if meter is None or not ensure_metric_group_registered():
         return None
     return RLRecorder(instrument_registry(meter))

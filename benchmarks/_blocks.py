@@ -212,9 +212,7 @@ def pipeline_setup(
 
 def worker_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:
     """The inline tee: the session's own ``RLRecorder.tee``, what the worker runs per dict."""
-    if handle.recorder is None:
-        raise RuntimeError("the session has no recorder")
-    return handle.recorder.tee
+    return handle.consumer.recorder.tee
 
 
 def seed_shape_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:

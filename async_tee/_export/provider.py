@@ -14,6 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from async_tee._declare.groups import RL_METRIC_GROUP
+from async_tee._declare.series import SELF_METRIC_GROUP
 from async_tee._export.delivery import ExportCounts
 from async_tee._export.exporters import EXPORTER_KINDS, ExporterState, Started, close_servers
 from async_tee._reporting import logger, warn_once
@@ -22,7 +24,7 @@ from async_tee._version import __version__
 from async_tee._worker.steps import StepPolicy
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import Meter, MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
 
     from async_tee._export.reader import ExportingReader
@@ -45,9 +47,11 @@ class Exports:
         started: Started,
         exporters: list[ExporterState],
         counts: ExportCounts,
+        policy: StepPolicy,
         owned: bool = True,
     ) -> None:
         self.provider = provider
+        self.policy = policy
         self.readers = readers
         self.started = started
         self.exporters = exporters
@@ -55,9 +59,13 @@ class Exports:
         self.owned = owned
 
     @classmethod
-    def adopted(cls, provider: MeterProvider) -> Exports:
+    def adopted(cls, provider: MeterProvider, settings: Settings) -> Exports:
         """A provider passed in: async_tee records into it and starts nothing of its own."""
-        return cls(provider, [], Started(), [], ExportCounts(), owned=False)
+        return cls(provider, [], Started(), [], ExportCounts(), step_policy(settings), owned=False)
+
+    def meter(self) -> Meter:
+        """async_tee's meter on the provider."""
+        return self.provider.get_meter("async_tee", __version__)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -80,7 +88,7 @@ class Exports:
         """The reader the worker drives at step boundaries, if any (OTLP, step export on)."""
         return next((reader for reader in self.push_readers if reader.step_aligned), None)
 
-    def use_tables(self, instruments: InstrumentRegistry, groups: tuple[str, ...]) -> None:
+    def use_tables(self, instruments: InstrumentRegistry) -> None:
         """Build OTLP exports from ``groups``' tables where they can be (``ASYNC_TEE_ENCODER``)."""
         from async_tee._export.table_encode import TableEncoder  # the OTLP proto loads here
 
@@ -88,7 +96,13 @@ class Exports:
         for reader in self.push_readers:
             if reader.name == "otlp" and reader.takes_requests and resource is not None:
                 reader.use_tables(
-                    TableEncoder(instruments, groups, resource, "async_tee", __version__)
+                    TableEncoder(
+                        instruments,
+                        (SELF_METRIC_GROUP, RL_METRIC_GROUP),
+                        resource,
+                        "async_tee",
+                        __version__,
+                    )
                 )
 
     def failing(self) -> dict[str, str]:
@@ -229,7 +243,15 @@ def _readers(
     return readers
 
 
-def build_exports(settings: Settings, policy: StepPolicy) -> Exports:
+def step_policy(settings: Settings) -> StepPolicy:
+    """The step-export numbers ``settings`` give."""
+    return StepPolicy(
+        min_interval_s=settings.min_export_interval_s,
+        export_interval_s=settings.export_interval_ms / 1000.0,
+    )
+
+
+def build_exports(settings: Settings) -> Exports:
     """Build a provider with the readers ``settings`` name, or none for ``none``.
 
     Every push export's result is counted into the exports' ``counts``, by trigger.
@@ -242,6 +264,7 @@ def build_exports(settings: Settings, policy: StepPolicy) -> Exports:
     from opentelemetry.sdk.resources import Resource
 
     resource = Resource.create(dict(settings.resource_attributes))
+    policy = step_policy(settings)
     counts = ExportCounts()
     started = Started()
     exporters: list[ExporterState] = []
@@ -252,4 +275,4 @@ def build_exports(settings: Settings, policy: StepPolicy) -> Exports:
     except BaseException:
         close_servers(started.servers)  # no server outlives a provider that was never built
         raise
-    return Exports(provider, readers, started, exporters, counts)
+    return Exports(provider, readers, started, exporters, counts, policy)

@@ -22,14 +22,72 @@ from async_tee._declare import series as _series
 from async_tee._declare.rows import DECLARATIONS
 from async_tee._handoff import caller as _caller
 from async_tee._reporting import logger, warn_once
-from async_tee._session.session import NO_SESSION, DisabledSession, Pipeline
+from async_tee._session import stats as _stats
+from async_tee._session.session import Pipeline
+from async_tee._settings import Settings
 from async_tee._tables import registry as tables
 from async_tee._tables.registry import register_metric_group
 from async_tee._tables.self_series import self_metric_specs
 from async_tee.config import load_settings
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import Meter, MeterProvider
+
+    from async_tee._export.exporters import ExporterState
+
+
+class DisabledSession:
+    """A session that is off: the tee stays a no-op, every figure is zero.
+
+    What ``start_telemetry`` returns when telemetry is disabled, when
+    ``ASYNC_TEE_EXPORT_RANKS`` leaves this rank out, or when starting failed (warned once).
+    It has the reading side of a :class:`Pipeline`; flushing and shutting it down succeed
+    at once, with nothing to do.
+    """
+
+    is_exporting = False
+    meter: Meter | None = None
+    meter_provider: MeterProvider | None = None
+    prometheus_address: tuple[str, int] | None = None
+
+    def __init__(self, settings: Settings) -> None:
+        """A session that is off under ``settings``."""
+        self.settings = settings
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """No thread runs."""
+        return []
+
+    @property
+    def exporters(self) -> list[ExporterState]:
+        """No exporter was built."""
+        return []
+
+    def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
+        """Every figure zero; ``ranks`` says which rank this is and whether it exports."""
+        return _stats.idle_stats(self.settings)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Nothing to record."""
+        return True
+
+    async def aflush(self, timeout_s: float) -> bool:
+        """Nothing to record."""
+        return True
+
+    def flush_and_export(self, timeout_s: float) -> bool:
+        """Nothing to export."""
+        return True
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Nothing to deliver."""
+        return True
+
+
+NO_SESSION = DisabledSession(Settings())
+"""What ``stats()`` reads before any session started."""
+
 
 # The session state of the process, and why each is module-level:
 _ACTIVE: Pipeline | None = None  # the running session: flush/shutdown act on it while it is open

@@ -1,113 +1,28 @@
-"""One telemetry session, owned by one object, opened whole: :meth:`Pipeline.open`.
-
-``Pipeline.open`` either returns a running session with every part set (settings, provider,
-meter and its instrument registry, the RL recorder, the step policy and clock, the
-hand-off queue and the running worker, the export counts, the signal handlers) or raises,
-leaving nothing running. A session that is off (disabled, a rank that does not export, a
-failed start) is a :class:`DisabledSession`, and :data:`NO_SESSION` stands for "no session
-yet". Nothing of a session outlives it (docs/semantics.md §7); the declarations it reads
-belong to the process. ``_telemetry`` alone registers the running session and points the
-tee at its queue; once shut down, by whatever path, a session is never handed out again.
-
-The data flows one way through it: the caller's snapshot (``_caller``) -> the queue
-(``_handoff``) -> the worker (``_worker``) -> ``Pipeline._process`` -> the recorder
-(``_recorder``: the plans ``_mapping`` compiled, de-duplication) -> the registry -> OTel.
-"""
+"""One running session, opened whole from one of each stage (docs/semantics.md §7)."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from async_tee._declare import series as _series
-from async_tee._declare.groups import RL_METRIC_GROUP, ensure_metric_group_registered
-from async_tee._declare.rows import OBSERVABLE_KINDS
 from async_tee._export.exporters import ExporterState
 from async_tee._export.provider import Exports, build_exports
 from async_tee._handoff import caller as _caller
-from async_tee._handoff.caller import Snapshot
-from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import RedactSecrets, redacting, stop_redacting, warn_once
 from async_tee._session import stats as _stats
 from async_tee._session.signals import SignalFlush
 from async_tee._settings import Settings
-from async_tee._tables.registry import InstrumentRegistry, RegistryCounts, instrument_registry
-from async_tee._version import __version__
-from async_tee._worker.recorder import RLRecorder
-from async_tee._worker.steps import StepClock, StepPolicy
+from async_tee._tables.registry import RegistryCounts, session_tables
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Meter, MeterProvider
+    from opentelemetry.metrics import MeterProvider
 
-    from async_tee._worker.consumer import SnapshotConsumer
-    from async_tee._worker.loop import Worker
 
 FORK_PAUSE_S = 1.0
 """How long ``os.fork()`` waits for the worker to finish the batch in hand."""
-
-
-def _non_finite_zeros(instruments: InstrumentRegistry, bound: int) -> dict[str, int]:
-    """A 0 for every series values are recorded into, up to ``bound`` of them (§6)."""
-    created = instruments.instruments(RL_METRIC_GROUP) or {}
-    names = (s.spec.name for s in created.values() if s.spec.kind not in OBSERVABLE_KINDS)
-    return dict.fromkeys(itertools.islice(dict.fromkeys(names), bound), 0)
-
-
-class DisabledSession:
-    """A session that is off: the tee stays a no-op, every figure is zero.
-
-    What ``start_telemetry`` returns when telemetry is disabled, when
-    ``ASYNC_TEE_EXPORT_RANKS`` leaves this rank out, or when starting failed (warned once).
-    It has the reading side of a :class:`Pipeline`; flushing and shutting it down succeed
-    at once, with nothing to do.
-    """
-
-    is_exporting = False
-    meter: Meter | None = None
-    meter_provider: MeterProvider | None = None
-    prometheus_address: tuple[str, int] | None = None
-
-    def __init__(self, settings: Settings) -> None:
-        """A session that is off under ``settings``."""
-        self.settings = settings
-
-    @property
-    def threads(self) -> list[threading.Thread]:
-        """No thread runs."""
-        return []
-
-    @property
-    def exporters(self) -> list[ExporterState]:
-        """No exporter was built."""
-        return []
-
-    def stats(self, lag_percentiles: bool = True) -> dict[str, Any]:
-        """Every figure zero; ``ranks`` says which rank this is and whether it exports."""
-        return _stats.idle_stats(self.settings)
-
-    def flush(self, timeout_s: float) -> bool:
-        """Nothing to record."""
-        return True
-
-    async def aflush(self, timeout_s: float) -> bool:
-        """Nothing to record."""
-        return True
-
-    def flush_and_export(self, timeout_s: float) -> bool:
-        """Nothing to export."""
-        return True
-
-    def shutdown(self, timeout_s: float) -> bool:
-        """Nothing to deliver."""
-        return True
-
-
-NO_SESSION = DisabledSession(Settings())
-"""What ``stats()`` reads before any session started."""
 
 
 class Pipeline:
@@ -117,7 +32,6 @@ class Pipeline:
         settings: The effective configuration.
         exports: The provider recorded into, what async_tee started for it, and the
             health and counts of its exports.
-        policy: When completed steps are exported.
         meter: async_tee's meter on that provider.
         instruments: The meter's instrument registry (per-session counts).
         consumer: What the worker does with each snapshot: the step clock, the recorder.
@@ -125,7 +39,7 @@ class Pipeline:
         worker: The worker draining it.
     """
 
-    def __init__(self, settings: Settings, exports: Exports, policy: StepPolicy) -> None:
+    def __init__(self, settings: Settings, exports: Exports) -> None:
         """Assemble a session over a provider; only :meth:`open` calls this.
 
         Raises:
@@ -134,23 +48,20 @@ class Pipeline:
         """
         self.settings = settings
         self.exports = exports
-        self.policy = policy
-        self.meter: Meter = exports.provider.get_meter("async_tee", __version__)
-        self.instruments: InstrumentRegistry = instrument_registry(self.meter)
-        self.instruments.begin_session(settings.max_attribute_sets)
+        self.meter = exports.meter()
         self._export_stats = _stats.CollectionSnapshot(self._counts, self._collections)
-        self.instruments.stats_source = self._export_stats
-        self.instruments.create(_series.SELF_METRIC_GROUP)
-        if not ensure_metric_group_registered():
-            raise RuntimeError("the rl metric group could not be registered (warned above)")
-        self.instruments.create(RL_METRIC_GROUP)
-        self._non_finite_zeros = _non_finite_zeros(self.instruments, settings.max_attribute_sets)
+        self.instruments = session_tables(
+            self.meter, settings.max_attribute_sets, self._export_stats
+        )
+        self._non_finite_zeros = _stats.non_finite_zeros(
+            self.instruments, settings.max_attribute_sets
+        )
         if settings.encoder == "tables":
-            exports.use_tables(self.instruments, (_series.SELF_METRIC_GROUP, RL_METRIC_GROUP))
+            exports.use_tables(self.instruments)
         self._signals = SignalFlush(
             self.shutdown, self.flush_and_export, settings.shutdown_timeout_s
         )
-        self.consumer, self.queue, self.worker = self._new_worker()
+        self._new_worker()
         self._redactor: RedactSecrets | None = None  # the filter hiding settings.secrets
         self._closed = False
 
@@ -170,20 +81,16 @@ class Pipeline:
             Exception: Whatever the SDK raises on a bad setting. Nothing is left running.
         """
         redactor = redacting(settings.secrets)  # before the SDK can log the endpoint
-        policy = StepPolicy(
-            min_interval_s=settings.min_export_interval_s,
-            export_interval_s=settings.export_interval_ms / 1000.0,
-        )
         try:
             if meter_provider is None:
-                exports = build_exports(settings, policy)
+                exports = build_exports(settings)
             else:
-                exports = Exports.adopted(meter_provider)
+                exports = Exports.adopted(meter_provider, settings)
         except BaseException:
             stop_redacting(redactor)
             raise
         try:
-            session = cls(settings, exports, policy)
+            session = cls(settings, exports)
             if not session.worker.start():
                 raise RuntimeError("the worker did not start")
         except BaseException:
@@ -194,24 +101,18 @@ class Pipeline:
         session._signals.install(settings.flush_signals)
         return session
 
-    def _new_worker(self) -> tuple[SnapshotConsumer, DropOldestQueue[Snapshot], Worker]:
+    def _new_worker(self) -> None:
         """A fresh consumer, queue and worker, not started (a new session, a forked child)."""
-        from async_tee._worker.consumer import SnapshotConsumer
-        from async_tee._worker.loop import Worker  # asyncio loads here, not at import async_tee
+        from async_tee._worker.consumer import new_worker  # asyncio loads here, not at import
 
-        step_reader = self.exports.step_reader
-        queue: DropOldestQueue[Snapshot] = DropOldestQueue(self.settings.queue_size)
-        recorder = RLRecorder(self.instruments)
-        steps = StepClock(recorder.record_step, step_reader, self.policy)
-        consumer = SnapshotConsumer(recorder, steps, queue, on_step=self._signals.check)
-        worker = Worker(
-            queue,
-            consumer,
+        self.consumer, self.queue, self.worker = new_worker(
+            self.instruments,
+            self.exports.step_reader,
+            self.exports.policy,
+            self.settings.queue_size,
             self.settings.drain_interval_s,
-            trickle_interval_s=self.policy.trickle_interval_s(step_reader is not None),
+            on_step=self._signals.check,
         )
-        queue.on_high_water = worker.wake
-        return consumer, queue, worker
 
     @property
     def meter_provider(self) -> MeterProvider:
@@ -224,14 +125,9 @@ class Pipeline:
         return self.exports.owned
 
     @property
-    def recorder(self) -> RLRecorder:
-        """Maps and records snapshots (per-session counter de-duplication)."""
-        return self.consumer.recorder
-
-    @property
     def snapshot_keys(self) -> Mapping[str | None, tuple[str, ...] | None]:
         """Every prefix the worker reads, with the keys the caller snapshots (``MappingPlan``)."""
-        return self.recorder.plan.snapshot_keys
+        return self.consumer.recorder.plan.snapshot_keys
 
     @property
     def is_open(self) -> bool:
@@ -375,7 +271,7 @@ class Pipeline:
         self._export_stats.forget()
         self._signals.after_fork_in_child()
         try:
-            self.consumer, self.queue, self.worker = self._new_worker()
+            self._new_worker()
             return self.worker.start()
         except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
             warn_once("fork", "async_tee: could not restart the worker after fork")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from async_tee._declare.groups import RL_METRIC_GROUP
+from async_tee._declare.rows import OBSERVABLE_KINDS
 from async_tee._export.delivery import TRIGGERS
 from async_tee._settings import Settings
-from async_tee._tables.registry import RegistryCounts
+from async_tee._tables.registry import InstrumentRegistry, RegistryCounts
 from async_tee._worker.mapping import SKIP_REASONS
 
 SNAPSHOT_TTL_S = 0.02
@@ -81,6 +84,13 @@ def counts(
         "steps": mapping["steps"],
         **exports,
     }
+
+
+def non_finite_zeros(instruments: InstrumentRegistry, bound: int) -> dict[str, int]:
+    """A 0 for every series values are recorded into, up to ``bound`` of them (§6)."""
+    created = instruments.instruments(RL_METRIC_GROUP) or {}
+    names = (s.spec.name for s in created.values() if s.spec.kind not in OBSERVABLE_KINDS)
+    return dict.fromkeys(itertools.islice(dict.fromkeys(names), bound), 0)
 
 
 class CollectionSnapshot:

@@ -32,8 +32,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee._declare.attributes import NO_ATTRIBUTES, AttributeValue, FrozenAttributes
-from async_tee._declare.groups import group_specs, register_metric_group
+from async_tee._declare.groups import (
+    RL_METRIC_GROUP,
+    ensure_metric_group_registered,
+    group_specs,
+    register_metric_group,
+)
 from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
+from async_tee._declare.series import SELF_METRIC_GROUP
 from async_tee._reporting import warn_once
 from async_tee._tables.self_series import StatsReader
 from async_tee._worker.gil import budget
@@ -579,6 +585,28 @@ def instrument_registry(meter: Meter) -> InstrumentRegistry:
             if found is None:
                 found = _BY_METER[meter] = InstrumentRegistry(meter)
     return found
+
+
+def session_tables(
+    meter: Meter, max_attribute_sets: int, stats: Callable[[], Mapping[str, Any]]
+) -> InstrumentRegistry:
+    """``meter``'s registry begun afresh for a session, with its groups' instruments created.
+
+    async_tee's own series read ``stats``; the ``rl`` group is registered (declaring closes)
+    and created.
+
+    Raises:
+        RuntimeError: The ``rl`` metric group could not be registered (warned once).
+        Exception: Whatever the SDK raises creating the instruments.
+    """
+    registry = instrument_registry(meter)
+    registry.begin_session(max_attribute_sets)
+    registry.stats_source = stats
+    registry.create(SELF_METRIC_GROUP)
+    if not ensure_metric_group_registered():
+        raise RuntimeError("the rl metric group could not be registered (warned above)")
+    registry.create(RL_METRIC_GROUP)
+    return registry
 
 
 def create_metric_instruments(meter: Meter, group: str) -> None:

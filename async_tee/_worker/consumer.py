@@ -10,10 +10,10 @@ from async_tee._handoff import caller as _caller
 from async_tee._handoff.caller import Snapshot
 from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
-from async_tee._worker.loop import Consumer
+from async_tee._worker.loop import Consumer, Worker
 from async_tee._worker.mapping import LEFT_OUT, READ_WHOLE, count_skipped, exact_str_keys
-from async_tee._worker.recorder import RLRecorder
-from async_tee._worker.steps import StepClock
+from async_tee._worker.recorder import RLRecorder, Tables
+from async_tee._worker.steps import StepClock, StepPolicy, StepReader
 
 
 def _nothing() -> None:
@@ -97,3 +97,29 @@ class SnapshotConsumer(Consumer):
     def figures(self) -> dict[str, Any]:
         """This consumer's part of ``stats()``: values skipped at mapping, the step counts."""
         return {"values_skipped": dict(self.recorder.skipped), "steps": self.steps.stats()}
+
+
+def new_worker(
+    tables: Tables,
+    step_reader: StepReader | None,
+    policy: StepPolicy,
+    queue_size: int,
+    drain_interval_s: float,
+    on_step: Callable[[], object] = _nothing,
+) -> tuple[SnapshotConsumer, DropOldestQueue[Snapshot], Worker]:
+    """A session's queue, its consumer over ``tables`` and the worker draining it, not started.
+
+    ``step_reader``: the reader each completed step is collected for, if steps are exported.
+    """
+    queue: DropOldestQueue[Snapshot] = DropOldestQueue(queue_size)
+    recorder = RLRecorder(tables)
+    steps = StepClock(recorder.record_step, step_reader, policy)
+    consumer = SnapshotConsumer(recorder, steps, queue, on_step)
+    worker = Worker(
+        queue,
+        consumer,
+        drain_interval_s,
+        trickle_interval_s=policy.trickle_interval_s(step_reader is not None),
+    )
+    queue.on_high_water = worker.wake
+    return consumer, queue, worker

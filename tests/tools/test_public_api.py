@@ -154,6 +154,5 @@ def test_seed_private_tee_uses_the_running_sessions_recorder(provider, reader):
     metrics.create_rl_metric_instruments()
     for _ in range(2):  # the session's recorder remembers the step: counted once
         metrics._tee_rl_metrics_to_otel({"vllm/prompt_tokens": 4.0}, "train", 9)
-    assert pipeline.recorder is not None
-    assert len(pipeline.recorder.counted) == 1
+    assert len(pipeline.consumer.recorder.counted) == 1
     assert collect(reader)[("rl.vllm.prompt_tokens", frozenset())] == 4.0

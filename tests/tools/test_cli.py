@@ -35,7 +35,7 @@ from async_tee import cli, demo
 from async_tee._declare import shipped as default_rows
 
 BOUND_S = 20.0  # generous: these machines are shared and noisy
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def clean_env() -> dict[str, str]:

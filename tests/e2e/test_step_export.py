@@ -15,7 +15,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from helpers import own_threads
+from helpers import own_threads, running
 from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
@@ -201,9 +201,9 @@ def test_steps_one_interval_apart_do_not_race_the_periodic_export(sink):
 def test_the_period_waits_a_grace_after_a_step_export_only(sink):
     from async_tee._worker.steps import BACKSTOP_GRACE
 
-    async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
-    pipeline = async_tee._telemetry.active()
-    assert pipeline is not None
+    pipeline = running(
+        async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
+    )
     (reader,) = pipeline.exports.push_readers
     reader._send(None, "interval")  # the exporter fails it: timing is all that is checked
     assert reader.period_due() == pytest.approx(reader._last_export + 60.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import async_tee
@@ -325,3 +326,78 @@ def change() -> None:
             ("async_tee._reporting._WARNED", ".clear()"),
         ]
     )
+
+
+STAGES = ("_declare", "_handoff", "_worker", "_tables", "_export", "_session")
+"""The stages, folders of the package, in the order a dict meets them."""
+
+SHARED = {"async_tee._reporting", "async_tee._settings", "async_tee._version"}
+"""Modules any stage may import: warn once and redact, the frozen configuration, the version."""
+
+FACES = {"async_tee.vocabulary": "_declare", "async_tee.registry": "_tables"}
+"""Public modules that are a stage's own API: the declaring functions, the registry."""
+
+
+def _stage(module: str) -> str | None:
+    """The stage ``module`` belongs to (by folder, or as a stage's public face), or None."""
+    if module in FACES:
+        return FACES[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in STAGES else None
+
+
+def test_every_private_module_is_in_a_stage_or_shared():
+    loose = [
+        m
+        for m in _imports()
+        if m.count(".") == 1
+        and m.split(".")[1].startswith("_")
+        and m.split(".")[1] != "__main__"
+        and m.split(".")[1] not in STAGES
+        and m not in SHARED
+    ]
+    assert not loose, f"private modules outside the stages: {loose}"
+
+
+def test_no_stage_imports_a_later_stage_or_the_session():
+    later = []
+    for module, targets in _imports().items():
+        stage = _stage(module)
+        if stage is None:
+            continue
+        for target in targets:
+            to = _stage(target)
+            if to is not None and STAGES.index(to) > STAGES.index(stage):
+                later.append(f"{module} -> {target}")
+    assert not later, later
+
+
+def test_the_handoff_imports_only_the_standard_library_declare_and_reporting():
+    allowed = {"async_tee._reporting", "async_tee._handoff"}
+    found: set[str] = set()
+    for path in (PACKAGE / "_handoff").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+    outside = {
+        name
+        for name in found
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name not in allowed
+        and not name.startswith(("async_tee._declare", "async_tee._handoff"))
+    }
+    assert not outside, outside
+
+
+def test_the_session_assembles_in_few_lines_from_few_modules():
+    session = PACKAGE / "_session" / "session.py"
+    assert len(session.read_text().splitlines()) <= 300
+    imported = _imports()["async_tee._session.session"]
+    # A module counts once whichever of its names are imported.
+    modules = {name for name in imported if name.replace(".", "/") + ".py" in _PATHS}
+    assert len(modules) <= 10, sorted(modules)
+
+
+_PATHS = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}

@@ -34,6 +34,7 @@ import pytest
 
 import async_tee
 from async_tee import config
+from async_tee._worker.steps import BACKSTOP_GRACE, STEP_SETTLE_S
 
 PACKAGE = Path(async_tee.__file__).parent
 ROOT = PACKAGE.parent
@@ -41,12 +42,6 @@ README = ROOT / "README.md"
 SEMANTICS = ROOT / "docs" / "semantics.md"
 LATEST_JSON = ROOT / "benchmarks" / "results" / "latest.json"
 SUMMARY = ROOT / "benchmarks" / "summary.py"
-
-try:  # the step-export policy's own module
-    from async_tee._worker.steps import BACKSTOP_GRACE, STEP_SETTLE_S
-except ImportError:  # pragma: no cover - before the policy had a module of its own
-    from async_tee._export.reader import BACKSTOP_GRACE  # type: ignore[attr-defined,no-redef]
-    from async_tee._worker.steps import STEP_SETTLE_S  # type: ignore[attr-defined,no-redef]
 
 
 def _modules() -> list[ModuleType]:
@@ -346,7 +341,7 @@ def test_every_guarantee_row_links_to_its_section():
 
 
 def test_every_test_the_readme_names_exists():
-    named = re.findall(r"`(test_\w+\.py)::(test_\w+)", README.read_text())
+    named = re.findall(r"`((?:\w+/)?test_\w+\.py)::(test_\w+)", README.read_text())
     assert named
     missing = [
         f"{module}::{name}"
@@ -361,15 +356,25 @@ def test_the_readme_is_at_most_350_lines():
     assert len(README.read_text().splitlines()) <= 350
 
 
-def test_the_layout_lists_every_module_once():
+def test_the_layout_lists_every_folder_and_public_module_once():
     layout = _section(README.read_text(), "Layout")
-    listed = re.findall(r"`(\w+)/?`:", layout)
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    modules |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
-    assert set(listed) == modules, {
-        "not in the Layout": sorted(modules - set(listed)),
-        "no such module": sorted(set(listed) - modules),
+    listed = [
+        name
+        for group in re.findall(r"^- ([^:]*):", layout, re.M)
+        for name in re.findall(r"`(\w+)/?`", group)
+    ]
+    public = re.search(r"^- Public: (.*)$", layout, re.M)
+    assert public, "the Layout names the public modules on a line of their own"
+    listed += re.findall(r"`(\w+)/?`", public.group(1).split(";")[0])
+    listed.append("__init__")
+    on_disk = {p.stem for p in PACKAGE.glob("*.py")} | {
+        p.parent.name for p in PACKAGE.glob("*/__init__.py")
+    }
+    on_disk.discard("__main__")
+    assert sorted(listed) == sorted(set(listed)), "a name is listed twice"
+    assert set(listed) == on_disk, {
+        "not in the Layout": sorted(on_disk - set(listed)),
+        "no such module or folder": sorted(set(listed) - on_disk),
     }
 
 

@@ -28,7 +28,7 @@ from async_tee._worker.mapping import (
     map_efficiency_seconds,
     map_teed_scalars,
 )
-from async_tee._worker.recorder import RLRecorder
+from async_tee._worker.recorder import COUNTED_STEPS, CountedSteps, RLRecorder
 from async_tee.registry import InstrumentRegistry, instrument_registry
 
 _VALUES = st.one_of(
@@ -96,8 +96,9 @@ def test_the_fast_path_records_what_the_checked_path_does(calls):
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(sequence=_dicts(calls), warm=st.booleans())
     def check(sequence: list[tuple[dict[str, Any], str]], warm: bool) -> None:
-        fast = RLRecorder(instrument_registry(provider.get_meter(f"fast-{id(sequence)}")))
-        slow = RLRecorder(instrument_registry(provider.get_meter(f"slow-{id(sequence)}")))
+        fast_tables = instrument_registry(provider.get_meter(f"fast-{id(sequence)}"))
+        slow_tables = instrument_registry(provider.get_meter(f"slow-{id(sequence)}"))
+        fast, slow = RLRecorder(fast_tables), RLRecorder(slow_tables)
         if warm:  # every gauge already holds a point: the fast path is taken from the start
             for metrics, prefix in ((c["metrics"], c["prefix"]) for c in calls):
                 if prefix in ("train", ""):
@@ -106,8 +107,8 @@ def test_the_fast_path_records_what_the_checked_path_does(calls):
         for step, (metrics, prefix) in enumerate(sequence, start=1):
             fast.tee(metrics, prefix, step // 2)  # two dicts a step: counters once per step
             _checked(slow, metrics, prefix, step // 2)
-        assert _state(fast.instruments) == _state(slow.instruments)
-        tables = _state(fast.instruments)[0]
+        assert _state(fast_tables) == _state(slow_tables)
+        tables = _state(fast_tables)[0]
         assert all(math.isfinite(v) for table in tables.values() for v in table.values())
 
     try:
@@ -123,7 +124,8 @@ def test_a_stored_counter_refuses_what_record_refuses():
     assert ensure_metric_group_registered()
     provider = MeterProvider(shutdown_on_exit=False)
     try:
-        recorder = RLRecorder(instrument_registry(provider.get_meter("counters")))
+        registry = instrument_registry(provider.get_meter("counters"))
+        recorder = RLRecorder(registry)
         key = "vllm/prompt_tokens"
         recorder.tee({key: 10.0}, "train", 1)
         recorder.tee({key: -5.0}, "train", 2)
@@ -131,9 +133,29 @@ def test_a_stored_counter_refuses_what_record_refuses():
         recorder.tee({key: np.float64(2.0)}, "train", 4)
         recorder.tee({key: 3.0}, "train", 5)
         recorder.tee({key: 3.0}, "train", 5)  # the same step again: counted once
-        tables, counts = _state(recorder.instruments)
+        tables, counts = _state(registry)
         assert tables["vllm_prompt_tokens"] == {(): 15.0}
         assert counts["rejected"] == 1
         assert counts["non_finite"] == 1
     finally:
         provider.shutdown()
+
+
+def test_counted_steps_are_bounded_and_forget_the_oldest():
+    counted = CountedSteps()
+    for step in range(10 * COUNTED_STEPS):
+        assert counted.first_time(step, "k")
+        assert not counted.first_time(step, "k")
+    assert len(counted) == COUNTED_STEPS
+    assert not counted.first_time(10 * COUNTED_STEPS - 1, "k")  # recent: remembered
+    assert counted.first_time(0, "k")  # long gone: counted again
+
+
+def test_a_recently_seen_step_is_kept_while_newer_ones_arrive():
+    counted = CountedSteps(capacity=2)
+    assert counted.first_time(1, "k")
+    assert counted.first_time(2, "k")
+    assert not counted.first_time(1, "k")  # touching step 1 makes step 2 the oldest
+    assert counted.first_time(3, "k")
+    assert not counted.first_time(1, "k")
+    assert counted.first_time(2, "k")

@@ -1,4 +1,4 @@
-"""One Pipeline owns a session: its state starts with it and dies with it."""
+"""One session owns its state: it starts with the session and dies with it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import async_tee
-from async_tee._worker.recorder import COUNTED_STEPS, CountedSteps
 
 TOKENS: tuple[str, frozenset[tuple[str, str]]] = ("rl.vllm.prompt_tokens", frozenset())
 
@@ -47,26 +46,6 @@ def test_interleaved_steps_count_each_steps_delta_once(provider, reader):
         async_tee.tee_rl_metrics_to_otel({"vllm/prompt_tokens": 100.0}, "train", step)
     assert async_tee.flush(5)
     assert collect(reader)[TOKENS] == 200.0
-
-
-def test_counted_steps_are_bounded_and_forget_the_oldest():
-    counted = CountedSteps()
-    for step in range(10 * COUNTED_STEPS):
-        assert counted.first_time(step, "k")
-        assert not counted.first_time(step, "k")
-    assert len(counted) == COUNTED_STEPS
-    assert not counted.first_time(10 * COUNTED_STEPS - 1, "k")  # recent: remembered
-    assert counted.first_time(0, "k")  # long gone: counted again
-
-
-def test_a_recently_seen_step_is_kept_while_newer_ones_arrive():
-    counted = CountedSteps(capacity=2)
-    assert counted.first_time(1, "k")
-    assert counted.first_time(2, "k")
-    assert not counted.first_time(1, "k")  # touching step 1 makes step 2 the oldest
-    assert counted.first_time(3, "k")
-    assert not counted.first_time(1, "k")
-    assert counted.first_time(2, "k")
 
 
 @pytest.mark.parametrize(
@@ -179,8 +158,7 @@ def test_a_session_shut_down_by_itself_is_never_handed_out_again(provider):
 
 
 def test_no_session_reads_zeros_from_a_constant():
-    from async_tee._session.lifecycle import end_and_forget
-    from async_tee._session.session import NO_SESSION
+    from async_tee._session.lifecycle import NO_SESSION, end_and_forget
 
     end_and_forget(1)
     stats = async_tee.stats()

@@ -181,7 +181,7 @@ FAMILIES = {
     },
 }
 RANKS = 4
-RANK_PROCESS = Path(__file__).parent / "rank_process.py"
+RANK_PROCESS = Path(__file__).parents[1] / "rank_process.py"
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "OTEL_")
 
 

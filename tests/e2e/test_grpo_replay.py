@@ -24,7 +24,7 @@ import pytest
 
 from async_tee.sink import OtlpSink, ReceivedPoint
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 STEPS = 20
 HELD = {"rl.step", "rl.step.time", "rl.setup.duration"}
 

@@ -447,7 +447,7 @@ def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
 
 
 def test_a_running_and_an_idle_session_report_the_same_figures(provider):
-    from async_tee._session.session import NO_SESSION
+    from async_tee._session.lifecycle import NO_SESSION
 
     session = async_tee.start_telemetry(provider)
     running = session.stats()

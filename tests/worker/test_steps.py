@@ -1,23 +1,17 @@
-"""The step-export policy as a table of cases, on an injected clock: no sleeping, no threads.
+"""The step clock and its policy as a table of cases, on an injected clock: no sleeping, no threads.
 
 Each case feeds the step clock a timeline of dicts (when each was logged, of which step,
-whether it said ``step_finished``) and worker ticks, and checks what was exported. The
-reader's own rules (a newer step replaces the one waiting to be sent; the backstop waits
-a grace after a step export) run on the real ``ExportingReader`` with an exporter that
-blocks until released (an event, not a sleep), as the OTel SDK tests its reader.
+whether it said ``step_finished``) and worker ticks, and checks what was exported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
+import time
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-from async_tee._export.delivery import ExportCounts
 from async_tee._worker.steps import BACKSTOP_GRACE, STEP_SETTLE_S, StepClock, StepPolicy
 
 MS = 1_000_000  # ns
@@ -198,59 +192,37 @@ def test_the_policys_numbers():
     assert not policy.may_collect(3 * 10**9 - 1, 1 * 10**9)
 
 
-class BlockingExporter(MetricExporter):
-    """Each export blocks until released: an export in flight, as long as the test wants."""
+class CountingReader:
+    """Stands in for the exporting reader beside the step clock: counts what it is asked."""
 
     def __init__(self) -> None:
-        super().__init__(preferred_temporality={}, preferred_aggregation={})
-        self.entered = threading.Semaphore(0)
-        self.release = threading.Event()
-        self.exports = 0
+        self.collections = 0
+        self.replaced = 0
 
-    def export(
-        self, metrics_data: Any, timeout_millis: float = 10_000, **_: Any
-    ) -> MetricExportResult:
-        self.exports += 1
-        self.entered.release()
-        self.release.wait(10)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+    def collect_step(self) -> bool:
+        self.collections += 1
         return True
 
-    def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
-        self.release.set()
+
+def test_the_clock_wakes_to_settle_a_step_only_when_it_could_be_exported():
+    reader = CountingReader()
+    clock = StepClock(lambda step, at: None, reader, StepPolicy(min_interval_s=1.0))
+    now = time.monotonic_ns()
+    clock.before(1.0, now - 200_000_000)  # step 1 finished 0.2 s ago: settled
+    clock.finished(1.0)
+    assert clock.tick() is None
+    assert reader.collections == 1  # exported at once
+    clock.before(2.0, time.monotonic_ns())  # step 2 finishes now
+    clock.finished(2.0)
+    due = clock.tick()
+    # It settles in 0.1 s but may be exported only 1 s after step 1: no wake before that.
+    assert due is not None
+    assert due > 0.5
+    assert reader.collections == 1
 
 
-@pytest.fixture
-def blocking_reader():
-    from async_tee._export.reader import ExportingReader
-
-    exporter = BlockingExporter()
-    counts = ExportCounts()
-    reader = ExportingReader(
-        exporter,
-        policy=StepPolicy(export_interval_s=3600.0),
-        timeout_s=10.0,
-        counts=counts,
-        step_aligned=True,
-    )
-    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    provider.get_meter("t").create_gauge("g").set(1.0)
-    yield reader, exporter, counts
-    exporter.release.set()
-    provider.shutdown(timeout_millis=10_000)
-
-
-def test_a_newer_step_replaces_the_export_waiting_behind_the_one_in_flight(blocking_reader):
-    reader, exporter, counts = blocking_reader
-    assert reader.collect_step()  # step 1: taken by the exporting thread, in flight
-    assert exporter.entered.acquire(timeout=10)
-    assert reader.collect_step()  # step 2: waits behind it
-    assert reader.collect_step()  # step 3: replaces step 2
-    assert reader.collect_step()  # step 4: replaces step 3
-    assert reader.replaced == 2
-    exporter.release.set()
-    assert exporter.entered.acquire(timeout=10)  # step 4's export started
-    assert exporter.exports == 2  # steps 1 and 4: one export pending at most
-    assert counts.by_trigger["step"]["failure"] == 0
+def test_with_no_reader_to_drive_settling_asks_for_no_wake():
+    clock = StepClock(lambda step, at: None)
+    clock.before(1.0, time.monotonic_ns())
+    clock.finished(1.0)
+    assert clock.tick() is None

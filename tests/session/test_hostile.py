@@ -442,7 +442,7 @@ def test_dicts_pending_behind_a_stuck_worker_are_booked_as_dropped_at_shutdown(p
         release.wait(30)  # a consumer that hangs, as a stuck SDK lock would
         process(snapshot)
 
-    consumer.process = stuck  # type: ignore[method-assign]
+    consumer.process = stuck  # type: ignore[method-assign,assignment]
     for step in range(101):
         async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", step)
     assert async_tee.shutdown_telemetry(0.5) is False  # the deadline, not the worker

@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-RANK_PROCESS = Path(__file__).parent / "rank_process.py"
+RANK_PROCESS = Path(__file__).parents[1] / "rank_process.py"
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "SLURM_", "OMPI_", "PMI_")
 
 
