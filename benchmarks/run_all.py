@@ -19,7 +19,8 @@ and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps t
 telemetry threads make in a pure-Python training thread through the GIL, off against
 on, at 1, 10 and 100 teed steps a second, built from the tables and the SDK's way),
 ``bench_scale.py`` (the same gaps and the threads' CPU with 30 to 3,000 series and 10 or
-500 efficiency categories, both ways), ``bench_alerts.py`` (seconds from an event to its
+500 efficiency categories, both ways), ``bench_gc.py`` (the garbage collections an export's
+request costs at 1,000 series, both ways), ``bench_alerts.py`` (seconds from an event to its
 alert firing in a real Prometheus) and ``bench_handover.py`` (how long the threads'
 GIL hand-over sleep must be for a busy training thread to take the GIL). Their JSON
 goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
@@ -46,6 +47,7 @@ from typing import Any
 
 import bench_alerts
 import bench_export
+import bench_gc
 import bench_handover
 import bench_latency
 import bench_memory
@@ -69,6 +71,7 @@ SECTIONS: dict[str, Section] = {
     "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
     "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
     "scale": ("Scale: series and categories, tables and SDK (bench_scale.py)", bench_scale.section),
+    "gc": ("Garbage collections per export, tables and SDK (bench_gc.py)", bench_gc.section),
     "handover": ("GIL hand-over sleep (bench_handover.py)", bench_handover.section),
     "alerts": ("Alerts: from the event to firing (bench_alerts.py)", bench_alerts.section),
 }
@@ -85,6 +88,7 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
     "ranks": ("ranks",),
     "stolen": ("stolen",),
     "scale": ("scale",),
+    "gc": ("gc",),
     "handover": ("handover",),
     "alerts": ("alerts",),
 }

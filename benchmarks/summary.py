@@ -145,6 +145,19 @@ def _scale_rows(results: dict[str, Any]) -> Iterator[Row]:
         )
 
 
+def _gc_rows(results: dict[str, Any]) -> Iterator[Row]:
+    gc = _part(results, "gc")
+    cells = gc.get("cells")
+    if cells:
+        tables, sdk = cells["tables"]["collections"], cells["sdk"]["collections"]
+        yield (
+            f"garbage collections while one export's request is built, {gc['series']:,} series "
+            f"(young threshold {gc['young_threshold']}): p50 / max",
+            f"{tables['p50']:.0f} / {tables['max']:.0f}",
+            f"the SDK's collection and encoder: {sdk['p50']:.0f} / {sdk['max']:.0f}",
+        )
+
+
 def _alerts_rows(results: dict[str, Any]) -> Iterator[Row]:
     rows = _part(results, "alerts").get("rows", [])
     fired = [r for r in rows if r["firing_s"]]
@@ -201,6 +214,7 @@ def render(results: dict[str, Any]) -> str:
         *_caller_rows(results),
         *_stolen_rows(results),
         *_scale_rows(results),
+        *_gc_rows(results),
         *_export_rows(results),
         *_memory_rows(results),
         *_alerts_rows(results),
