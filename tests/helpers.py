@@ -63,3 +63,12 @@ def running(session: object) -> async_tee.Pipeline:
     """``session`` as the running ``Pipeline`` it must be (a disabled one fails the test)."""
     assert isinstance(session, async_tee.Pipeline), session
     return session
+
+
+def tee_fixture_steps(steps: int) -> int:
+    """Tee the fixture's teed step dicts ``steps`` times; how many dicts that was."""
+    calls = [c for c in load_calls() if c["prefix"] in ("train", "")]
+    for step in range(1, steps + 1):
+        for call in calls:
+            async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
+    return steps * len(calls)

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import load_calls
+from helpers import tee_fixture_steps
 
 import async_tee
 from async_tee._session import stats as session_stats
-
-
-def _tee_steps(steps: int) -> int:
-    """Tee the fixture's teed step dicts ``steps`` times; how many dicts that was."""
-    calls = [c for c in load_calls() if c["prefix"] in ("train", "")]
-    for step in range(1, steps + 1):
-        for call in calls:
-            async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
-    return steps * len(calls)
 
 
 class Collections:
@@ -71,7 +62,7 @@ def test_the_lag_histogram_gets_one_observation_a_batch_and_stats_every_dict(pro
     from helpers import collect
 
     async_tee.start_telemetry(provider, drain_interval_s=60)
-    teed = _tee_steps(30)  # queued while the worker sleeps: one batch (< 256)
+    teed = tee_fixture_steps(30)  # queued while the worker sleeps: one batch (< 256)
     assert async_tee.flush(10)
     lag = collect(reader, prefix="async_tee.lag")[("async_tee.lag", frozenset())]
     assert lag.count == 1

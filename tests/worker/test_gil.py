@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from helpers import load_calls
+from helpers import tee_fixture_steps
 
 import async_tee
 from async_tee._worker.gil import GilBudget, budget
@@ -46,15 +46,6 @@ def test_each_thread_has_its_own_slice():
     assert gil.handovers == 1  # this one's had run out
 
 
-def _tee_steps(steps: int) -> int:
-    """Tee the fixture's teed step dicts ``steps`` times; how many dicts that was."""
-    calls = [c for c in load_calls() if c["prefix"] in ("train", "")]
-    for step in range(1, steps + 1):
-        for call in calls:
-            async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
-    return steps * len(calls)
-
-
 def test_a_large_drain_is_cut_into_slices_with_handovers(sink):
     # The worker sleeps while hundreds of dicts queue up, then records them in one drain: at
     # tens of µs a dict that is several ms of work, which must not be one hold of the GIL.
@@ -66,7 +57,7 @@ def test_a_large_drain_is_cut_into_slices_with_handovers(sink):
         }
     )
     before = budget().handovers
-    teed = _tee_steps(200)
+    teed = tee_fixture_steps(200)
     assert async_tee.flush(30)
     assert async_tee.stats()["recorded"] == teed
     assert budget().handovers - before >= 2
