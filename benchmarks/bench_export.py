@@ -19,7 +19,7 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   length, so it also exports about once per step; the exporting thread collects and sends.
 - ``sdk``: as ``step``, with ``ASYNC_TEE_ENCODER=sdk``: the request is built by the SDK's
   collection and encoding, the reference; ``step`` and ``periodic`` build it from
-  async_tee's tables (``_table_encode``, the default: their ``collect`` column stays
+  async_tee's tables (``_export.table_encode``, the default: their ``collect`` column stays
   empty, the build being in the worker's or the exporting thread's CPU).
 - ``http``: as ``step``, over OTLP/HTTP (the receiver's HTTP port): sent through the SDK's
   ``urllib3`` transport, as async_tee builds it; ``http-requests``: the same through the

@@ -20,7 +20,7 @@ The variants, the same call ``tee_rl_metrics_to_otel(d, "train", step)``:
   to the keys the worker reads from it (``async_tee._caller._SNAPSHOT_KEYS["train"]``, a
   tuple, set by the session), so a queued dict keeps no unread value alive;
 - ``whole``: the behaviour before, every dict copied with ``dict(metrics)``:
-  ``_SNAPSHOT_KEYS["train"]`` is set to None (copied whole) and ``_caller._WHOLE_UP_TO``
+  ``_SNAPSHOT_KEYS["train"]`` is set to None (copied whole) and ``_handoff.caller._WHOLE_UP_TO``
   to ``10**12`` (no key left out) for that block, inside its session, and both are
   restored after it.
 
