@@ -1,13 +1,4 @@
-"""The session functions: start, flush, stats and shutdown, thin over the running ``Pipeline``.
-
-``start_telemetry`` opens a :class:`~async_tee._pipeline.Pipeline`, registers it as the
-running session and points the tee at its queue: this module alone does both.
-``shutdown_telemetry`` ends it, within one deadline whatever the collector does, and also
-runs at interpreter exit with ``ASYNC_TEE_SHUTDOWN_TIMEOUT``. A session shut down by any
-path (``Pipeline.shutdown``, a signal) is never handed out again. After ``os.fork()`` the
-running session goes on in the child with a fresh queue and worker of its own
-(docs/semantics.md §7).
-"""
+"""The session functions (start, flush, stats, shutdown) and fork hooks (docs/semantics.md §7)."""
 
 from __future__ import annotations
 
@@ -299,15 +290,7 @@ def _shutdown_at_exit() -> None:
     shutdown_telemetry()
 
 
-# Fork, handled here alone (docs/semantics.md §7). ``os.fork()`` keeps only the forking
-# thread, so a child has no worker, exporting thread or signal thread, and may inherit a lock
-# one of them held. Before the fork, the running session's worker finishes the batch in hand
-# (at most FORK_PAUSE_S), so the child inherits no lock it holds; in the parent it then goes
-# on. In the child, in this order: a fresh lifecycle lock; the tee off (the parent's queue has
-# no worker here); every meter's tables forget the parent's values and get fresh locks (the
-# child shares the parent's identity: it must export only what it records); the running
-# session goes on as the child's own (fresh counts, exporting threads, signal thread, queue
-# and worker); the tee points at its new queue.
+# Fork, handled here alone: docs/semantics.md §7 says what each hook does, in this order.
 
 
 def _before_fork() -> None:
