@@ -1,10 +1,4 @@
-"""Report a telemetry failure once at warning level, then at debug, and count it.
-
-Telemetry failures are typically per-step and deterministic: a broken instrument fails the
-same way on every step, so warning each time would fill a run's log with identical
-tracebacks. The first failure per key is a warning (visible at default verbosity, with the
-traceback when there is one); repeats go to debug. The set of keys is bounded.
-"""
+"""Report a telemetry failure: a warning once, then debug, and a count (docs/semantics.md §4)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The effective configuration of a session: one frozen value handed to every part.
-
-:mod:`async_tee.config` reads it from the environment and documents each variable.
-"""
+"""A session's configuration: one frozen value handed to every part (docs/semantics.md §7)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""Owns the names a series gets on a Prometheus ``/metrics`` page, and the collision check.
-
-OpenTelemetry's ``PrometheusMetricReader`` (with ``prometheus_client``) renames every
-series: the SDK lowercases the name; runs of characters outside ``[a-zA-Z0-9:]`` (dots,
-slashes, dashes, and runs of underscores too) become one ``_``; the unit becomes a suffix
-(``s`` -> ``_seconds``, ``ms`` -> ``_milliseconds``, ``By`` -> ``_bytes``, ``%`` ->
-``_percent``, ``1/s`` -> ``_per_second``; ``1`` and ``{...}`` annotations add nothing)
-unless the name already ends with it; counters get ``_total`` (once: a name already
-ending in ``_total`` keeps one); up-down counters are gauges. So ``rl.efficiency.seconds``
-in ``s`` stays ``rl_efficiency_seconds``. The rules here are the exporter's own (checked
-against it in ``tests/test_catalog.py``), not a reading of the spec.
-
-Two series that end up with one name lose data silently: Prometheus keeps one and drops
-the other, with no error anywhere. :func:`check_prometheus_names` turns that into a
-``ValueError`` at declaration. Standard library only, like the vocabulary that calls it.
-"""
+"""Each series' Prometheus name, and the check that no two collide (docs/semantics.md §5)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""What owners declare, process-wide: the row types, and the one object holding them all.
-
-That object holds the teed rows, recorded rows, efficiency categories and registry groups.
-Declarations are made at import time by the modules that log the keys, so they belong to
-the process, not to a telemetry session: a session reads them when it starts and closes
-them (docs/semantics.md §5). Everything a session owns lives on its ``Pipeline`` instead.
-:data:`DECLARATIONS` is the only state here; :meth:`Declarations.reset` empties it (tests
-use ``async_tee.testing.reset``, which then re-declares the shipped rows). Standard
-library only: an owner module declaring rows pulls in no OpenTelemetry code.
-"""
+"""The row types owners declare, and ``DECLARATIONS``, holding them all (docs/semantics.md §5)."""
 
 from __future__ import annotations
 

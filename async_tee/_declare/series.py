@@ -1,12 +1,4 @@
-"""Every series async_tee defines itself, each stated once.
-
-Each is stated with its name, kind, unit, description, attributes and logger key. The
-teed and recorded rows are declared by their owners (:mod:`async_tee.vocabulary`);
-the series here are the ones async_tee derives or reports on its own behalf: the
-efficiency and start-up families (docs/semantics.md §3c, §3d) and the ``async_tee.*``
-self-series (§6). The catalog, the Prometheus collision check, the registry's specs and
-the demo's expectations are all projections of these tuples. Standard library only.
-"""
+"""Every series async_tee derives or reports itself, each stated once (docs/semantics.md §3, §6)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The rows async_tee ships: the common RL training scalars, the vLLM deltas, the categories.
-
-Declared here the way an owner module declares its own (``register_teed_metrics`` at
-import), but marked as defaults: a user row that claims the same logger key or series name
-replaces the shipped one instead of colliding with it, and ``set_efficiency_categories``
-replaces the category map. Both must happen before telemetry starts.
-"""
+"""The shipped rows: training scalars, vLLM deltas, efficiency categories (docs/semantics.md §5)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""What the exports did: the evidence behind "delivered".
-
-Every push export async_tee makes is counted here by what triggered it and its result;
-``shutdown_telemetry`` says everything was delivered only when the final export succeeded,
-and ``stats()`` and the ``async_tee.exports`` series report the counts. Standard library only.
-"""
+"""Push exports counted by trigger and result: the evidence of delivery (docs/semantics.md §7)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""OTLP encoding in slices, so that an export's encoding does not hold the GIL in one piece.
-
-The SDK's OTLP/gRPC exporter turns a collection into its protobuf request with
-``encode_metrics``, pure Python over every data point in one piece, which the training
-thread waits through. :func:`encode_in_slices` builds the same request a few
-metrics at a time and offers the GIL between them (``_gil``); the result equals
-``encode_metrics(data)`` message for message. :class:`SlicedEncoding` puts it into the gRPC
-exporter through the hook the exporter encodes with (``_translate_data``); an exporter
-without that hook encodes as it always did. Imported only when async_tee builds an OTLP
-exporter.
-"""
+"""OTLP encoding a few metrics at a time, offering the GIL between them (docs/semantics.md §6)."""
 
 from __future__ import annotations
 
@@ -23,7 +13,7 @@ from async_tee._reporting import warn_once
 from async_tee._worker.gil import budget
 
 METRICS_PER_SLICE = 8
-"""Metrics encoded between two offers of the GIL: a small part of a ``_gil.SLICE_S`` slice."""
+"""Metrics encoded between two offers of the GIL: a small part of one ``_worker/gil`` slice."""
 
 _EMPTY = Resource.get_empty()
 
@@ -84,7 +74,7 @@ def _encode_part(
 
 
 class EncodedRequest:
-    """An ``ExportMetricsServiceRequest`` already serialized (``_table_encode.TableEncoder``).
+    """An ``ExportMetricsServiceRequest`` already serialized (``table_encode.TableEncoder``).
 
     The exporters below send it as it is: what they call on a request message,
     ``SerializeToString``, returns its bytes.

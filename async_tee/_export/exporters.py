@@ -1,13 +1,4 @@
-"""The exporters ``OTEL_METRICS_EXPORTER`` may name, in one table: a new exporter is one row.
-
-Each row says how the exporter is built from ``Settings``, whether async_tee's exporting
-thread pushes it (its final export is the evidence behind "delivered") or a scraper pulls
-it, and whether it gets an export of each completed step (docs/semantics.md §9). The
-table is read by ``config`` (which names are valid), ``_provider`` (what to build) and the
-session (what "delivered" needs, where Prometheus serves). A builder never raises for a
-bad setting: it returns None and a failed :class:`ExporterState` naming the fix. The SDK
-and the exporters are imported inside the builders, so importing this module loads none.
-"""
+"""The exporters ``OTEL_METRICS_EXPORTER`` may name, one row each (docs/semantics.md §9, §10)."""
 
 from __future__ import annotations
 
@@ -66,7 +57,7 @@ class ExporterKind:
 
     Attributes:
         name: Its name in ``OTEL_METRICS_EXPORTER``.
-        pushed: async_tee's exporting thread sends its exports (``_export``); else a
+        pushed: async_tee's exporting thread sends its exports (``_export/reader``); else a
             scraper pulls them and "delivered" needs no export of ours.
         step_export: It gets an export of each completed step (``ASYNC_TEE_STEP_EXPORT``).
         build: Builds it from the settings.
@@ -144,7 +135,7 @@ def _otlp_exporter(settings: Settings) -> Any:
                 ("grpc.min_reconnect_backoff_ms", max(1, int(settings.otlp_timeout_s * 1000))),
             ),
         )
-        # A request built from the tables goes through the same hook and its own stub (_encode).
+        # A request built from the tables takes the same hook and its own stub (_export/encode).
         grpc_exporter.async_tee_takes_requests = sends_encoded(grpc_exporter)
         return grpc_exporter
     from opentelemetry.exporter.otlp.proto.http import Compression

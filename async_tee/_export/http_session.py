@@ -1,27 +1,4 @@
-"""How the OTLP/HTTP exporter sends: abortable, pinned to its certificate, polite.
-
-The SDK's OTLP/HTTP exporter sends through a transport. async_tee hands it the one
-:func:`exporter_transport` builds, the SDK's own ``urllib3`` transport with the three
-additions below, where the SDK takes a transport and no proxy applies to the endpoint
-(``urllib3`` reads no proxy variables); else :class:`ExporterSession`, a ``requests`` session
-with the same additions (``requests`` honours ``HTTPS_PROXY`` and ``NO_PROXY``). The
-transport costs the exporting thread about 40 % less CPU per export than the session
-(``bench_export``'s ``http`` and ``http-requests`` cells). Imported only when that
-exporter is built (docs/semantics.md §7):
-
-- **Abortable.** Every connection it opens is tracked; :meth:`ExporterSession.abort` shuts
-  their sockets down, which ends a request blocked on a stalled collector at once. A
-  timed-out shutdown calls it, so the exporting thread and its socket end with the session
-  instead of waiting out the exporter's timeout (the session's own ``close`` only closes
-  idle connections, never the one a request holds).
-- **Pinned to its certificate.** ``requests`` lets ``REQUESTS_CA_BUNDLE`` (or
-  ``CURL_CA_BUNDLE``) replace a session's ``verify`` on every request; with a certificate
-  configured (``OTEL_EXPORTER_OTLP_[METRICS_]CERTIFICATE``, which the exporter makes the
-  session's ``verify``) this session keeps it.
-- **Polite.** A ``429`` or ``503`` answer with ``Retry-After`` is remembered:
-  :attr:`ExporterSession.not_before` says until when (at most ``MAX_RETRY_AFTER_S`` ahead),
-  and the exporting thread holds its exports until then (one warning says so).
-"""
+"""How OTLP/HTTP sends: abortable, pinned to its certificate, polite (docs/semantics.md §7)."""
 
 from __future__ import annotations
 
@@ -126,7 +103,7 @@ class _Polite:
 
 
 class ExporterSession(requests.Session, _Polite):
-    """The session the OTLP/HTTP exporter sends through (see the module's docstring)."""
+    """The session the OTLP/HTTP exporter sends through (docs/semantics.md §7)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -167,6 +144,7 @@ class ExporterSession(requests.Session, _Polite):
         Every request after it fails at once (the exporter would otherwise retry on a new
         connection, and block again).
         """
+        # close() alone closes only idle connections, never the one a request holds
         self._shut_down_sockets(self._adapter.connections)
         try:
             self.close()
@@ -180,6 +158,8 @@ def exporter_transport(endpoint: str) -> Any:
     None when this SDK's exporter takes no transport, or a proxy variable applies to the
     endpoint (only ``requests`` reads them).
     """
+    # Preferred to the session: it costs the exporting thread less CPU per export
+    # (bench_export's http and http-requests cells).
     try:
         from opentelemetry.exporter.http.transport._urllib3 import (
             Urllib3HTTPResult,
@@ -195,7 +175,7 @@ def exporter_transport(endpoint: str) -> Any:
     verify, cert = _tls_from_environment()
 
     class ExporterTransport(Urllib3HTTPTransport, _Polite):
-        """The SDK's ``urllib3`` transport, abortable and polite (the module's docstring)."""
+        """The SDK's ``urllib3`` transport, abortable and polite (docs/semantics.md §7)."""
 
         def __init__(self) -> None:
             super().__init__(verify=verify, cert=cert)

@@ -1,11 +1,4 @@
-"""Build an OpenTelemetry ``MeterProvider`` from ``Settings`` (the standard ``OTEL_*`` variables).
-
-Imported only when a session opens: this is where the SDK is loaded. Each exporter the
-settings name is built by its row of ``_exporters.EXPORTER_KINDS``; a pushed one runs on an
-:class:`~async_tee._export.ExportingReader`, driven by completed steps too when its row
-says so. The provider is built with ``shutdown_on_exit=False``: the SDK's own exit hook can
-delay exit against a stalled collector, so async_tee registers its own, bounded one.
-"""
+"""The ``MeterProvider`` built from ``Settings``, and its exports (docs/semantics.md §7, §9)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,4 @@
-"""The exporting thread: one push exporter, fed on a period and with each completed step.
-
-The SDK's ``PeriodicExportingMetricReader`` collects and exports in one call, on its own
-timer, so a gauge leaves the process with whatever value it holds when the timer fires
-and most steps are never seen (docs/semantics.md §9). :class:`ExportingReader` separates
-the two halves. At a step boundary the worker calls :meth:`ExportingReader.collect_step`:
-the collection (the observable callbacks reading the tables) runs on the worker while the
-tables hold exactly that step, and the collected data is handed to the exporting thread,
-which sends it. A newer step collected while an export is in flight replaces the one
-waiting behind it (the step clock counts it as coalesced), so at most one export is ever
-pending, whatever the collector does. The thread also exports on its own when the
-policy's backstop is due (``StepPolicy.backstop_due``), and once more at shutdown.
-
-Imported only when async_tee builds a provider (it subclasses the SDK's ``MetricReader``).
-Nothing here raises into the worker: a failed collection or export is counted and warned
-once, and the exporting thread survives any exception an export or a callback raises.
-"""
+"""The exporting thread: one push exporter, fed each step and on a timer (docs/semantics.md §9)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""An export's OTLP request built from async_tee's own tables, not from the SDK's collection.
-
-The registry's tables already hold what an export carries: each gauge's published points,
-each running total, the lag histogram's buckets, and the observable rows' callbacks.
-:class:`TableEncoder` builds the ``ExportMetricsServiceRequest`` the SDK's collection and
-``encode_metrics`` would build from the same history (the same resource, scope, metrics,
-points, attributes, values, units and descriptions; timestamps are this export's), one
-series at a time with an offer of the GIL between them (``_gil``), so no part of it holds
-the GIL for long. Start times follow the SDK's: a cumulative point starts when its
-attribute set was first exported (or, for the histogram, first recorded); a gauge point
-has none. Imported only when async_tee builds an OTLP exporter.
-"""
+"""An OTLP export request built from async_tee's tables, not the SDK's (docs/semantics.md §7)."""
 
 from __future__ import annotations
 
@@ -46,7 +35,7 @@ _Points = dict[Any, tuple[Any, Any]]
 """A series' points: {attribute key: (value, attributes)}."""
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 SPEND_EVERY = 64
-"""Points gathered between two offers of the GIL (``_gil``); a series with more points is
+"""Points gathered between two offers of the GIL (``_worker/gil``); a series with more points is
 one unit, and an observable callback always is."""
 FILL_EVERY = 256
 """Points written between two offers of the GIL: a few tens of µs of C calls."""

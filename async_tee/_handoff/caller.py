@@ -1,15 +1,4 @@
-"""The training thread's side of the pipeline: the only code a caller of the tee runs.
-
-``tee_rl_metrics_to_otel`` and ``record_rl_metrics`` check their input, take a snapshot
-and put it on the session's hand-off queue: no mapping, no OTel call, no lock shared with
-the worker, no syscall, no wake-up unless a burst is about to overflow the queue. The
-queue is the one piece of session state the caller reads: :data:`_QUEUE`, written only
-when a session starts, ends or is re-made after ``fork`` (docs/semantics.md §1, §2, §6).
-
-A snapshot is a plain tuple of one of two shapes, each slot with one meaning and the
-enqueue time last: :data:`TeedDict` or :data:`RecordedValues`. (A plain tuple is the
-cheapest object the caller can build; a ``NamedTuple`` costs more per call.)
-"""
+"""The training thread's side of the tee: check, snapshot, enqueue (docs/semantics.md §6)."""
 
 from __future__ import annotations
 
@@ -22,6 +11,8 @@ from async_tee._declare.rows import BUILT_IN_PREFIXES
 from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
 
+# A snapshot is a plain tuple, each slot with one meaning and the enqueue time last: the
+# cheapest object the caller can build (a NamedTuple costs more per call).
 PickedValues: TypeAlias = "tuple[tuple[str, ...], tuple[Any, ...]]"
 """``(read_keys, values)``: a dict's values at the keys a row reads, :data:`ABSENT` where
 the dict lacks the key. :func:`as_dict` turns it back into a dict, on the worker."""

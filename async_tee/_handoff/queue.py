@@ -1,14 +1,4 @@
-"""The bounded, drop-oldest, lock-free queue between the training thread and the worker.
-
-``put`` is one C call under the GIL: ``deque.extend(zip((item,), counter))`` draws the
-item's sequence number and appends it in the same indivisible step, so sequence numbers
-are strictly increasing along the deque whatever the number of producer threads. The
-deque's ``maxlen`` drops the oldest item on overflow; the worker finds out how many by the
-gap in sequence numbers when it next pops, so drop accounting is exact without the
-producer ever counting, locking or waking anyone (docs/semantics.md §6).
-
-Relies on the GIL: a free-threaded build would need a different hand-off.
-"""
+"""The bounded, drop-oldest, lock-free hand-off queue to the worker (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

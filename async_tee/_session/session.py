@@ -243,7 +243,7 @@ class Pipeline:
     def _collections(self) -> int:
         return self.exports.counts.collections
 
-    # ------------------------------------------------------------------ fork (_telemetry's hooks)
+    # ----------------------------------------------------------- fork (_session/lifecycle's hooks)
 
     def _before_fork(self) -> None:
         """Let the worker finish its batch, so the child inherits no lock it holds."""
@@ -262,7 +262,7 @@ class Pipeline:
         dropped with the registry's tables, so the child exports only what it records.
 
         Returns:
-            Whether the child's worker runs (then ``_telemetry`` points the tee at it).
+            Whether the child's worker runs (then ``_session/lifecycle`` points the tee at it).
         """
         if self._closed:
             return False

@@ -1,39 +1,4 @@
-"""Flush on termination signals, so a job stopped with SIGTERM still delivers its last step.
-
-Python's default SIGTERM ends the process at once: ``atexit`` never runs, and whatever the
-worker and the exporter held is lost. torchrun, Slurm and Kubernetes stop jobs with
-SIGTERM. A session started on the main thread installs :class:`SignalFlush` for the
-signals ``ASYNC_TEE_FLUSH_SIGNALS`` names (``TERM`` by default), see docs/semantics.md §7:
-
-- a signal left at its default disposition: on delivery, shut the session down (drain,
-  complete the open step, export) within ``ASYNC_TEE_SHUTDOWN_TIMEOUT``, then restore the
-  default and raise the signal again, so the process still dies of it, only later;
-- a signal with a Python handler the application installed before: ours runs first
-  (drain and export now, the session goes on), then theirs, which decides what happens;
-- an ignored signal, or a handler installed outside Python: left alone.
-
-Python runs a signal's handler on the main thread, between two bytecodes: while the main
-thread is inside a C call (a hung NCCL collective, a long CUDA sync, ``ray.get``) it does
-not run at all, and the process would wait for the call, forever for a hang, where
-without async_tee it would have died at once. So the session also points the signal
-module's wake-up fd (``signal.set_wakeup_fd``), which Python's C-level handler writes the
-signal's number to at once, at a pipe read by a thread of its own, ``async-tee-signals``.
-If the main thread has not started the handler within ``MAIN_GRACE_S``, that thread
-responds in its place: drains and exports (shuts down, for the default disposition) within
-``ASYNC_TEE_SHUTDOWN_TIMEOUT``, then, for the default disposition, restores it at the C level
-and sends the signal again, so the process dies of it as it would have. A wake-up fd the
-application set first (an asyncio loop's ``add_signal_handler``) is left to it, and the
-handler then runs on the main thread only.
-
-A handler installed after ours replaces it, as Python does (Ray's ``ray.init`` installs one
-that ends the process with ``sys.exit``). :meth:`SignalFlush.check`, run by the worker at each
-completed step, notices, warns once naming the new handler, and moves the session's end to
-the front of the exit hooks: a handler that exits through ``sys.exit`` runs ``atexit``, and
-the session then shuts down before the hooks registered since (Ray's stops its processes
-first). ``shutdown_telemetry`` restores what the session changed, where it still holds.
-Installing and restoring run on the main thread (Python runs signal handlers there), and
-nothing here raises into the interrupted code.
-"""
+"""Deliver the last step when a termination signal stops the job (docs/semantics.md §7)."""
 
 from __future__ import annotations
 

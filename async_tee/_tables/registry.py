@@ -1,23 +1,4 @@
-"""The consumer-driven metric registry: named groups of series, recorded by key, never raising.
-
-A consumer declares its series once per process (``register_metric_group``) and records
-plain ``{key: value}`` dicts against them (``record_metrics``); the registry owns the
-OpenTelemetry instruments. It is written against the OTel metrics API, which it imports
-only when the first instrument is created, so importing this module stays cheap.
-
-Instruments live in one :class:`InstrumentRegistry` per meter, because the SDK registers
-an instrument name once per meter: a second session on the same provider must feed the
-callbacks the first one registered. A session (``Pipeline``) holds its meter's registry
-and starts it afresh (:meth:`InstrumentRegistry.begin_session`), so the counts it reports
-are its own.
-
-Gauges and sums are kept as a latest-value / running-total table that an observable
-instrument reports once per export cycle: recording is then a dict store instead of a
-trip through the SDK's attribute validation and aggregation, many times cheaper, and the
-point set a backend sees is the same: the last value per attribute set, every interval,
-forever. Histograms record through the SDK directly.
-See docs/semantics.md §4.
-"""
+"""The metric registry: each meter's instruments and their tables (docs/semantics.md §4)."""
 
 from __future__ import annotations
 
@@ -261,7 +242,7 @@ class _Histogram(_Series):
     """A histogram recorded into the SDK's instrument and into a table of its own.
 
     The table (``points``, bucketed by ``bounds``) is what an export built from the tables
-    reads (``_table_encode``); the SDK's instrument serves every other reader.
+    reads (``_export/table_encode``); the SDK's instrument serves every other reader.
     """
 
     __slots__ = ("_instrument", "_seen", "bounds", "limit", "points")

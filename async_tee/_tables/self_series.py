@@ -1,10 +1,4 @@
-"""The callbacks behind async_tee's own series (``async_tee.*``, declared in ``_series``).
-
-Drops are counted and exported, never silent: a dashboard can alert on
-``async_tee.dropped`` the same way it plots the training series. Everything but the lag
-histogram is observable and read from ``stats()`` once per export cycle, so it costs the
-worker nothing.
-"""
+"""The callbacks behind the ``async_tee.*`` series, read from ``stats()`` (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

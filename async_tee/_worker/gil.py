@@ -1,18 +1,4 @@
-"""Give the GIL back to the training thread every ``SLICE_S`` (0.4 ms) of async_tee's own work.
-
-The worker and the exporting thread share the interpreter's GIL with training. A thread
-that wants the GIL waits for the holder to block, or for the switch interval (5 ms by
-default) to pass and force a hand-over; so a worker that records a batch for 3 ms makes
-training wait up to 3 ms, however cheap each dict is. async_tee's threads instead call
-:meth:`GilBudget.spend` between units of work (a dict, a callback); once a slice has run
-``SLICE_S`` they sleep ``HANDOVER_S``, which releases the GIL long enough for a waiting
-thread to take it. ``time.sleep(0)`` would not: the sleeper re-takes the GIL before the
-waiter, woken on a condition variable, is scheduled, and the slices chain into one long
-hold (``benchmarks/bench_handover.py`` measures how long the sleep must be; the runs that
-chose ``HANDOVER_S`` are in the CHANGELOG). The sleep costs wall time, not CPU; the thread
-is never latency-bound (it waits the switch interval to get the GIL back anyway). See
-docs/semantics.md §6. Standard library only.
-"""
+"""Give the GIL back to training every ``SLICE_S`` of async_tee's work (docs/semantics.md §6)."""
 
 from __future__ import annotations
 
@@ -22,6 +8,8 @@ import time
 SLICE_S = 0.0004
 """The longest async_tee's thread runs Python before it offers the GIL back."""
 
+# benchmarks/bench_handover.py measures how long the sleep must be; the CHANGELOG has the runs
+# that chose this value.
 HANDOVER_S = 0.0002
 """How long it sleeps to offer it: long enough for the woken waiter to be scheduled."""
 

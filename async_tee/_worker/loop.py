@@ -1,16 +1,4 @@
-"""The background thread: an asyncio loop that drains the hand-off queue on its own timer.
-
-The producer never wakes the worker in steady state (a cross-thread wake-up is a syscall
-and hands the GIL to the woken thread inside the producer's call): the worker wakes by
-itself, on a timer that follows the rate dicts arrive at (``_next_sleep``: from
-``drain_interval_s`` up to the trickle interval), and is woken early only when a burst
-crosses the queue's high-water mark, or by ``flush``/``stop`` from their own threads. Each
-popped item is handed to ``process``; a failure there is counted and never stops the loop,
-and every ``_gil.SLICE_S`` of it the GIL is handed back to training (``_gil``). After each
-drain ``after_drain`` runs (the step clock: it may collect a completed step, and asks for
-the next wake it needs). The loop never runs blocking work: sending stays on the
-exporting thread, and the default executor is never used.
-"""
+"""The worker thread: an asyncio loop draining the queue on its own timer (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

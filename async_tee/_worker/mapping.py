@@ -1,13 +1,4 @@
-"""The mapping from a raw ``Logger`` metrics dict to the ``rl.*`` series, in one place.
-
-Which prefixes are teed, which keys are read, and how each value becomes a series value
-(docs/semantics.md §2, §3). :func:`compile_plan` turns the closed declarations (rows and
-efficiency categories) into a :class:`MappingPlan`; the worker's recorder binds it to its
-tables and runs it with :func:`scalar_values` and :func:`efficiency_values`, and the pure
-mappers of the seed's API (:func:`map_teed_scalars`, :func:`map_efficiency_seconds`) are
-the same functions over the same plans with no tables, so the two cannot disagree. Nothing
-here writes a declaration or touches OpenTelemetry.
-"""
+"""The mapping of a logged dict to ``rl.*`` values, compiled once (docs/semantics.md §2, §3)."""
 
 from __future__ import annotations
 
@@ -248,7 +239,7 @@ def scalar_values(
     absent key (or None) is left out: absent means no data, never zero. A value that is
     not a scalar is left out and counted in ``skipped`` by reason; so is a gauge's value
     from a dict of an older step (``stale``), whose counters still count. ``spend`` (the
-    worker's ``_gil`` budget) is called between runs of ``ROWS_PER_OFFER`` rows, so
+    worker's ``_worker/gil`` budget) is called between runs of ``ROWS_PER_OFFER`` rows, so
     thousands of declared rows are not one hold of the GIL.
     """
     get = metrics.get

@@ -1,10 +1,4 @@
-"""The worker's side of the tee: run the mapping plan over one snapshot and record it.
-
-One :class:`RLRecorder` per session, built when the session starts over the plan
-``_mapping`` compiled from the declarations it closed, bound to the session's tables, and
-the memory of which counter deltas were already added (docs/semantics.md §3). Runs only
-on the worker thread (or inline, in the benchmarks' baseline); never raises.
-"""
+"""The worker's side of the tee: map one snapshot and record it (docs/semantics.md §3)."""
 
 from __future__ import annotations
 
@@ -53,7 +47,7 @@ _PHASES_CACHED = 1024
 """Step phases whose attribute set is kept built; past it each is built per record."""
 
 CATEGORIES_PER_OFFER = 64
-"""Efficiency categories recorded between two offers of the GIL (``_gil``)."""
+"""Efficiency categories recorded between two offers of the GIL (``_worker/gil``)."""
 
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
@@ -283,7 +277,7 @@ class RLRecorder:
 
         A counter's delta is added the first time its ``(step, key)`` is seen; later
         copies in the same step are ignored. Without a step every call counts
-        (``_mapping.scalar_values``). What a table did not store at once goes through the
+        (``_worker/mapping.scalar_values``). What a table did not store at once goes through the
         registry's checks.
         """
         try:
@@ -299,7 +293,7 @@ class RLRecorder:
     def tee_efficiency(self, metrics: Mapping[str, Any], stale: bool = False) -> None:
         """Emit the ``efficiency/*`` phase durations as ``rl.efficiency.*``.
 
-        Only the known categories' keys are read (``_mapping.efficiency_values``), so the
+        Only the known categories' keys are read (``_worker/mapping.efficiency_values``), so the
         aggregate ``efficiency/*_s`` keys stay out of the per-category series; a category
         the map does not know is counted (``unknown_category``) and named once.
         """
@@ -339,7 +333,7 @@ class RLRecorder:
     def tee_step_phases(self, metrics: Mapping[str, Any], stale: bool = False) -> None:
         """Emit a ``timing/train`` dict's phases as ``rl.step.phase.duration{rl.step.phase}``.
 
-        Every key no row reads is a phase (``_mapping.step_phase_values``). A finite float
+        Every key no row reads is a phase (``_worker/mapping.step_phase_values``). A finite float
         for a phase seen before is one store into the table; the rest goes through the
         registry's checks.
         """

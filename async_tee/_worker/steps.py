@@ -1,28 +1,4 @@
-"""The worker's step clock: when a step is complete, and when its values are exported.
-
-The Logger passes a step with every dict; the clock watches them on the worker, before
-each dict is recorded (docs/semantics.md §9). A step is complete when
-
-- a dict of a later step arrives (callers that never say when a step ends), or
-- a dict said ``step_finished=True`` and no further dict of that step arrived for the
-  policy's settle time, or
-- the session ends.
-
-On completion the clock records ``rl.step`` and ``rl.step.time``; then, when a reader is
-driven by steps and the policy's least interval allows, it collects at once, while the
-tables hold exactly that step. Otherwise the step waits, still clean, until the interval
-allows (the worker wakes for it) or a dict of a later step arrives first, which folds it
-into a later export. The interval is measured on the trainer's timeline (when the dicts
-were logged), not on the worker's: a worker that woke late must not fold steps that were
-logged far enough apart. Dicts of an older step, or of the same step after it completed,
-are recorded as they come and never start an export. A step that is not a finite real
-number counts as no step, for the counters' de-duplication too, and is never stored.
-
-The clock owns the step counts (completed, exported on their own, coalesced into a later
-export), including a collected step the reader replaced with a newer one before sending
-it. Its time comes from the injected ``monotonic_ns``, so its rules are tested without
-sleeping. Runs only on the worker thread; never raises.
-"""
+"""The step clock: when a step is complete, and when it is exported (docs/semantics.md §9)."""
 
 from __future__ import annotations
 
@@ -101,7 +77,7 @@ DEFAULT_POLICY = StepPolicy()
 
 
 class StepReader(Protocol):
-    """What the clock needs of the reader it drives (``_export.ExportingReader``)."""
+    """What the clock needs of the reader it drives (``_export/reader.ExportingReader``)."""
 
     replaced: int
     """Collected steps the reader replaced with a newer one before sending them."""
