@@ -1,12 +1,6 @@
 """async_tee: mirror an RL trainer's per-step metric dicts into OpenTelemetry, off the hot path.
 
-The public surface is the README's journey: start a session, tee each logged dict (or wrap
-your loggers in :class:`Logger`), flush or read ``stats()`` if you like, shut down.
-Declaring your own rows and efficiency categories happens before the session starts. The
-data flows one way: logger dict -> snapshot (``_caller``) -> queue (``_handoff``) ->
-worker (``_worker``) -> mapping (``_mapping``, ``_recorder``) -> registry -> OTel, all of
-a session owned by one :class:`Pipeline`. Importing this package loads no OpenTelemetry
-code: that happens in ``start_telemetry``.
+Declare rows at import, start a session, tee each dict, shut down (docs/semantics.md §1, §5, §7).
 """
 
 from __future__ import annotations

@@ -1,13 +1,4 @@
-"""Owns the alert rules generated from the catalog: ``async-tee alerts``.
-
-Each :class:`AlertRule` is a Prometheus alerting rule over the series async_tee exports
-(the ``rl.*`` step series and the ``async_tee.*`` self-series, by the names the catalog
-gives them on Prometheus), joined to ``target_info`` for ``rl_rank`` and ``rl_run_id`` as
-the dashboard is, so every alert names its run and rank. A rule's *quantity* is what it
-compares with its threshold; the dashboard plots the same quantity (one panel per rule),
-so what alerts and what is plotted agree. Thresholds are :class:`AlertThresholds`
-(``async-tee alerts --help`` sets each). Standard library only; imports no OpenTelemetry.
-"""
+"""Prometheus alert rules over async_tee's series: ``async-tee alerts`` (docs/semantics.md §6)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Owns the catalog: every series async_tee would export, as a table or as JSON.
-
-Built from the declarations (teed and recorded rows), the series the tee derives itself
-(efficiency and start-up phases) and async_tee's own ``async_tee.*`` series, with the
-name each one gets in OTel and on Prometheus, its attributes and the logger key it reads.
-``async-tee catalog`` prints it. Imports no OpenTelemetry code.
-"""
+"""The catalog: every series async_tee would export, as a table or JSON (docs/semantics.md §3)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Owns the ``async-tee`` command line: ``sink``, ``demo``, ``catalog``, ``dashboard``, ``alerts``.
-
-``async-tee sink`` runs an OTLP metrics receiver in the foreground and prints every point
-it receives; ``async-tee demo`` runs a simulated GRPO training run through ``Logger`` and
-reports what arrived and what it cost; ``async-tee catalog`` lists every series async_tee
-would export, with its Prometheus name; ``async-tee dashboard`` writes a Grafana dashboard
-for them and ``async-tee alerts`` a Prometheus rules file over them. ``python -m async_tee``
-is the same command.
-
-The library logs where it exports at INFO on the ``async_tee`` logger, hidden at Python's
-default WARNING level; ``demo``, the command that starts telemetry, shows those lines on
-stderr (``--quiet`` hides them, and its progress lines).
-"""
+"""The ``async-tee`` command line: ``sink``, ``demo``, ``catalog``, ``dashboard``, ``alerts``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Every environment variable async_tee reads, parsed defensively into one ``Settings``.
-
-A malformed value logs one warning and the default is used: parsing never raises. The
-standard ``OTEL_*`` variables keep OpenTelemetry's meaning; async_tee's own durations are
-float seconds. Each variable is a constant whose value is its own name, documented with
-its type, default and unit (the README carries the same table).
-"""
+"""Every environment variable async_tee reads, parsed into ``Settings`` (docs/semantics.md §7)."""
 
 from __future__ import annotations
 
@@ -65,7 +59,7 @@ nothing and the tee stays a no-op. A process with no launcher rank counts as ran
 
 ASYNC_TEE_ENCODER = "ASYNC_TEE_ENCODER"
 """``tables`` (default) | ``sdk``: how an OTLP export's request is built for a provider
-async_tee builds. ``tables``: straight from async_tee's tables (``_table_encode``), the same
+async_tee builds. ``tables``: straight from async_tee's tables (``_export/table_encode``), the same
 request as the SDK's at a fraction of the CPU; ``sdk``: the SDK's collection, encoded (the
 reference it is tested against)."""
 

@@ -1,17 +1,4 @@
-"""Owns the Grafana dashboard generated from the catalog: ``async-tee dashboard``.
-
-Every :class:`~async_tee.catalog.CatalogEntry` gets a panel, placed in a row by its
-``source``, kind and name, so a row declared with ``register_teed_metrics`` (or
-``register_recorded_metrics``) is on the dashboard with no other change. A first row plots
-what each rule of ``async-tee alerts`` compares (:mod:`async_tee.alerts`), its threshold a
-line, and firing alerts annotate every panel. Queries read the
-Prometheus names the exporter gives the series and join ``target_info`` for the rank (OTel
-puts resource attributes such as ``rl.rank`` there, not on each series): one helper,
-:func:`_by_rank`, writes that join. The dashboard model comes from Grafana's
-``grafana-foundation-sdk`` (``pip install '.[dashboard]'`` from a checkout, Python >= 3.11),
-imported only when a dashboard is built; importing this module needs only the standard
-library and the catalog.
-"""
+"""The Grafana dashboard built from the catalog: ``async-tee dashboard`` (docs/semantics.md §10)."""
 
 from __future__ import annotations
 

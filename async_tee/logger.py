@@ -1,16 +1,6 @@
-"""Owns ``Logger``, the fan-out a trainer logs through, and ``JsonlBackend``, a file backend.
+"""``Logger``, the fan-out a trainer logs through (backends, then the tee), and ``JsonlBackend``.
 
-``Logger.log_metrics`` hands one dict to each backend in order (files, W&B, TensorBoard,
-MLflow: anything with a ``log_metrics`` method of the same shape), then tees it into
-OpenTelemetry, as the original training framework's ``Logger`` does.
-
-If you keep your own ``Logger``, the integration is one line at the end of its
-``log_metrics``::
-
-    async_tee.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=step_finished)
-
-It is safe from any thread and from inside a running event loop, costs the training thread
-a prefix check, a snapshot and an append, never blocks on the collector and never raises.
+Your own logger tees by calling ``tee_rl_metrics_to_otel`` last (docs/semantics.md §1).
 """
 
 from __future__ import annotations

@@ -1,17 +1,4 @@
-"""Best-effort mirroring of a trainer's per-step metric dicts into the ``rl.*`` OTel series.
-
-The seed's module, kept as a facade of names: every name it had resolves here, and the
-work lives in the modules of the pipeline (the way the OTel SDK's ``sdk/metrics`` package
-re-exports its internals). ``Logger.log_metrics`` calls :func:`tee_rl_metrics_to_otel`
-after its normal fan-out; on the caller's thread that only snapshots and enqueues
-(``_caller``); the session's worker maps the snapshot to the four families (efficiency
-phase durations, training scalars, vLLM engine deltas, start-up phases) and records them
-(``_recorder``) through the metric registry. See docs/semantics.md.
-
-Every series is declared rather than hard-coded: the scalar rows come from the modules that
-log them (:mod:`async_tee.vocabulary`), so adding an algorithm does not mean editing this
-module. This module imports no OpenTelemetry code.
-"""
+"""The seed's module, kept as a facade: every name it had resolves here (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Helpers for tests of code that uses async_tee: reset its process-wide state.
-
-A session's state dies with it (``shutdown_telemetry``); what outlives sessions are the
-declarations, which are process-wide by design (made once, at import, in production), and
-the warn-once memory. A test suite that starts and stops telemetry many times, or
-declares its own rows, calls :func:`reset` between tests.
-"""
+"""Test helpers: :func:`reset` async_tee's process-wide state (docs/semantics.md §7)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Names shared by the code that produces metrics and the code that exports them.
-
-Every name here has readers on both sides of that split, so this module imports only the
-standard library: an owner module (a torch-heavy algorithm) can declare its rows without
-pulling in OpenTelemetry, and the exporting side can read them without the training stack.
-
-Owners call :func:`register_teed_metrics` at import, next to the code that logs the keys,
-so renaming a key renames its declaration with it. The rows are collected process-wide
-(:data:`async_tee._declarations.DECLARATIONS`) and handed to the metric registry when
-telemetry starts; after that registration is closed (:func:`freeze_metrics`) and a late
-declaration raises instead of vanishing (docs/semantics.md §5).
-"""
+"""Declaring rows: the names the logging and the exporting side share (docs/semantics.md §5)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The demo: a simulated GRPO run, logged through ``Logger`` and exported over real OTLP.
-
-``async-tee demo`` runs it. :mod:`~async_tee.demo.runner` makes the calls and gathers what
-the sink received; :mod:`~async_tee.demo.simulation` makes the values,
-:mod:`~async_tee.demo.timing` times each call, :mod:`~async_tee.demo.report` renders it.
-"""
+"""The demo: a simulated GRPO run through ``Logger``, exported over OTLP (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

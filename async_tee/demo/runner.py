@@ -1,18 +1,4 @@
-"""The demo runner: a simulated GRPO run logged through ``Logger``, exported over real OTLP.
-
-The run makes the calls a real one makes, from the threads a real one makes them on: the
-training loop (``timing/setup`` once, then per step ``train`` twice, ``performance``, the
-efficiency dict and ``timing/train``), a GPU-monitor daemon thread (``ray``) and a coroutine
-inside a running event loop on another thread (the efficiency dict). Metrics go over
-OTLP/gRPC to an embedded :class:`~async_tee.sink.OtlpSink` on an ephemeral port, or to
-``OTEL_EXPORTER_OTLP_ENDPOINT`` when that is set. At the end :func:`render_result` shows
-what the sink received and what the calls cost the training thread.
-
-``async-tee demo`` runs it; :func:`run` returns a :class:`DemoResult` a test can check.
-OpenTelemetry, gRPC and asyncio load only when :func:`run` is called. The values come from
-:mod:`async_tee.demo.simulation`, the per-call timing from :mod:`async_tee.demo.timing`,
-and :func:`render_result` from :mod:`async_tee.demo.report`.
-"""
+"""The demo run: a GRPO run's calls, from its threads, to a real sink (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

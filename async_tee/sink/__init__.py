@@ -1,9 +1,6 @@
-"""A real OTLP metrics receiver (gRPC and HTTP) on 127.0.0.1, and its decoded points.
+"""A real OTLP metrics receiver (gRPC and HTTP) on 127.0.0.1, and the points it decodes.
 
-What the test suite, the demo and ``async-tee sink`` export to: :class:`OtlpSink` in
-:mod:`~async_tee.sink.receiver`, the decoding of each request into
-:class:`ReceivedPoint` rows in :mod:`~async_tee.sink.points`. Needs ``grpcio`` and
-``opentelemetry-proto`` (installed with the OTLP exporter).
+Needs ``grpcio`` and ``opentelemetry-proto`` (installed with the OTLP exporter).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Owns ``OtlpSink``, a real OTLP metrics receiver (gRPC + HTTP) for tests, demos and benchmarks.
-
-Its servers hand each export request to :func:`~async_tee.sink.points.received_points` and
-store the :class:`ReceivedPoint` records that come back. ``black_hole`` is the opposite:
-a collector that never answers.
-"""
+"""``OtlpSink``, a real OTLP metrics receiver (gRPC and HTTP) for tests, demos and benchmarks."""
 
 from __future__ import annotations
 
