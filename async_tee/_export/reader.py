@@ -191,6 +191,11 @@ class ExportingReader(MetricReader):
             isinstance(a, ExplicitBucketHistogramAggregation) for a in aggregation.values()
         )
 
+    @property
+    def encodes_tables(self) -> bool:
+        """Whether this reader's exports are built from the tables (``use_tables`` ran)."""
+        return self._encoder is not None
+
     def use_tables(self, encoder: Any) -> None:
         """Build every export's request with ``encoder`` (a ``TableEncoder``), not the SDK."""
         self._encoder = encoder

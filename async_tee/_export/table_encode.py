@@ -15,21 +15,21 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
+from async_tee._declare.attributes import FrozenAttributes
 from async_tee._export.encode import EncodedRequest
 from async_tee._tables.registry import (
-    FrozenAttributes,
+    Histogram,
     HistogramPoint,
-    _Histogram,
-    _LastValue,
-    _Observed,
-    _RunningTotal,
+    LastValue,
+    Observed,
+    RunningTotal,
 )
 from async_tee._worker.gil import budget
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
-    from async_tee._tables.registry import InstrumentRegistry, _Series
+    from async_tee._tables.registry import Instrument, InstrumentRegistry
 
 _Points = dict[Any, tuple[Any, Any]]
 """A series' points: {attribute key: (value, attributes)}."""
@@ -107,7 +107,7 @@ class TableEncoder:
             for series in (self._registry.instruments(group) or {}).values():
                 index += 1
                 points: _Points | None
-                if isinstance(series, _LastValue):  # most series: their own table, as it is:
+                if isinstance(series, LastValue):  # most series: their own table, as it is:
                     shown = series.shown  # the one shown (replaced each step, never changed)
                     points = series.points.copy() if shown is None else shown
                 else:
@@ -116,7 +116,7 @@ class TableEncoder:
                     except Exception:  # noqa: BLE001 - one series must not cost the export
                         self._registry.counts.errors += 1
                         points = None
-                    if isinstance(series, _Observed):  # an owner's callback: its own unit
+                    if isinstance(series, Observed):  # an owner's callback: its own unit
                         if deadline is not None and time.monotonic() > deadline:
                             raise TimeoutError("the observable callbacks ran past the timeout")
                         unspent = SPEND_EVERY
@@ -160,7 +160,7 @@ class TableEncoder:
             spec = series.spec
             metric = scope_metrics.metrics.add()
             metric.name, metric.description, metric.unit = spec.name, spec.description, spec.unit
-            bounds = series.bounds if isinstance(series, _Histogram) else None
+            bounds = series.bounds if isinstance(series, Histogram) else None
             histogram = bounds is not None
             if histogram:
                 data = metric.histogram
@@ -232,15 +232,15 @@ class TableEncoder:
         return bytes(buffer)
 
 
-def _points_of(series: _Series) -> _Points | None:
+def _points_of(series: Instrument) -> _Points | None:
     """A histogram's or an observable series' points now, or None if it is unavailable.
 
     ``{key: (value, attributes)}``, the attributes a ``FrozenAttributes`` or a dict. A
     last-value series' own table ``_gather`` reads itself.
     """
-    if isinstance(series, _Histogram):
+    if isinstance(series, Histogram):
         return {key: (point, point.attributes) for key, point in series.points.items()}
-    if isinstance(series, _Observed):
+    if isinstance(series, Observed):
         if series.reader is not None:  # async_tee's own: no Observations
             return series.reader.points()
         observed: dict[Any, tuple[Any, Any]] = {}
@@ -251,11 +251,11 @@ def _points_of(series: _Series) -> _Points | None:
     return None  # unavailable: its creation failed and warned
 
 
-def _monotonic(series: _Series) -> bool | None:
+def _monotonic(series: Instrument) -> bool | None:
     """A sum's monotonicity, or None for a gauge or the histogram."""
-    if isinstance(series, _RunningTotal):
+    if isinstance(series, RunningTotal):
         return series.monotonic
-    if isinstance(series, _Observed):
+    if isinstance(series, Observed):
         return _SUMS.get(series.spec.kind)
     return None
 
@@ -267,7 +267,7 @@ class _Gathered:
 
     def __init__(self) -> None:
         self.indices: list[int] = []
-        self.series: list[_Series] = []
+        self.series: list[Instrument] = []
         self.points: list[_Points] = []
 
 

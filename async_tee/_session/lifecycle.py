@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from async_tee._declare import series as _series
+from async_tee._declare.groups import register_metric_group
 from async_tee._declare.rows import DECLARATIONS
 from async_tee._handoff import caller as _caller
 from async_tee._reporting import logger, warn_once
@@ -17,7 +18,6 @@ from async_tee._session import stats as _stats
 from async_tee._session.session import Pipeline
 from async_tee._settings import Settings
 from async_tee._tables import registry as tables
-from async_tee._tables.registry import register_metric_group
 from async_tee._tables.self_series import self_metric_specs
 from async_tee.config import load_settings
 

@@ -28,6 +28,9 @@ FORK_PAUSE_S = 1.0
 class Pipeline:
     """A running telemetry session: ``start_telemetry`` returns it, ``shutdown_telemetry`` ends it.
 
+    The code and the docs call it the session; ``Pipeline`` is its public name (in
+    ``async_tee.__all__`` and the README), kept so callers' imports and checks still work.
+
     Attributes:
         settings: The effective configuration.
         exports: The provider recorded into, what async_tee started for it, and the

@@ -16,8 +16,6 @@ from async_tee._declare.attributes import NO_ATTRIBUTES, AttributeValue, FrozenA
 from async_tee._declare.groups import (
     RL_METRIC_GROUP,
     ensure_metric_group_registered,
-    group_specs,
-    register_metric_group,
 )
 from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
 from async_tee._declare.series import SELF_METRIC_GROUP
@@ -28,20 +26,6 @@ from async_tee.vocabulary import as_scalar
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
-
-__all__ = [
-    "DEFAULT_MAX_ATTRIBUTE_SETS",
-    "NO_ATTRIBUTES",
-    "FrozenAttributes",
-    "InstrumentRegistry",
-    "MetricSpec",
-    "RegistryCounts",
-    "create_metric_instruments",
-    "group_specs",
-    "instrument_registry",
-    "record_metrics",
-    "register_metric_group",
-]
 
 DEFAULT_MAX_ATTRIBUTE_SETS = 512
 """Attribute sets kept per series; later sets are dropped and counted, not exported.
@@ -62,7 +46,7 @@ class RegistryCounts:
     non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-class _Series:
+class Instrument:
     """One instrument of a group, and how a value is recorded to it."""
 
     __slots__ = ("owner", "spec")
@@ -85,7 +69,7 @@ class _Series:
         )
 
 
-class _LastValue(_Series):
+class LastValue(Instrument):
     """A gauge: the latest value per attribute set, reported by an observable gauge.
 
     ``points`` is what is being recorded now. Once :meth:`publish` has run (a step of a
@@ -164,7 +148,7 @@ class _LastValue(_Series):
         ]
 
 
-class _RunningTotal(_LastValue):
+class RunningTotal(LastValue):
     """A counter or up-down counter: a running total per attribute set, fed deltas.
 
     Publishing keeps the totals running and shows a copy of them as they were.
@@ -207,7 +191,7 @@ class _RunningTotal(_LastValue):
     def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
         """Add ``raw`` if it is a finite ``float`` delta for a set this total already holds.
 
-        Not negative, for a counter. False otherwise (see :meth:`_LastValue.store`).
+        Not negative, for a counter. False otherwise (see :meth:`LastValue.store`).
         """
         if type(raw) is not float or raw - raw != 0.0 or (self.monotonic and raw < 0):
             return False
@@ -238,7 +222,7 @@ class HistogramPoint:
         self.start_ns = time.time_ns()
 
 
-class _Histogram(_Series):
+class Histogram(Instrument):
     """A histogram recorded into the SDK's instrument and into a table of its own.
 
     The table (``points``, bucketed by ``bounds``) is what an export built from the tables
@@ -276,7 +260,7 @@ class _Histogram(_Series):
         point.max = max(point.max, value)
 
 
-class _Observed(_Series):
+class Observed(Instrument):
     """An observable row whose owner supplies the callback; recording to it is an error."""
 
     __slots__ = ("callback", "reader")
@@ -301,7 +285,7 @@ class _Observed(_Series):
         )
 
 
-class _Unavailable(_Series):
+class Unavailable(Instrument):
     """A series whose instrument could not be created: its values are dropped.
 
     Stands in for the instrument so that a value for it is not reported a second time,
@@ -336,7 +320,7 @@ class InstrumentRegistry:
 
     def __init__(self, meter: Meter) -> None:
         self._meter = weakref.ref(meter)  # the map below is keyed by the meter: no cycle
-        self._by_group: dict[str, dict[str, _Series]] = {}
+        self._by_group: dict[str, dict[str, Instrument]] = {}
         self.counts = RegistryCounts()
         self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
         self.lock = threading.Lock()
@@ -365,7 +349,7 @@ class InstrumentRegistry:
         self.counts = RegistryCounts()
         self.max_attribute_sets = max_attribute_sets
 
-    def instruments(self, group: str) -> dict[str, _Series] | None:
+    def instruments(self, group: str) -> dict[str, Instrument] | None:
         """The group's instruments, created on first use; None if the group is unknown."""
         found = self._by_group.get(group)
         if found is not None:
@@ -378,7 +362,7 @@ class InstrumentRegistry:
         with self.lock:
             if group in self._by_group:
                 return self._by_group[group]
-            created: dict[str, _Series] = {}
+            created: dict[str, Instrument] = {}
             for spec in specs:
                 try:
                     created[spec.key] = self._create(meter, spec)
@@ -389,17 +373,17 @@ class InstrumentRegistry:
                         "async_tee: could not create instrument %s",
                         spec.name,
                     )
-                    created[spec.key] = _Unavailable(spec, self, group)
+                    created[spec.key] = Unavailable(spec, self, group)
             self._by_group[group] = created
             return created
 
-    def _create(self, meter: Meter, spec: MetricSpec) -> _Series:
+    def _create(self, meter: Meter, spec: MetricSpec) -> Instrument:
         from opentelemetry.metrics import Observation
 
         kind = spec.kind
         common = {"unit": spec.unit, "description": spec.description}
         if kind == "histogram":
-            return _Histogram(spec, self, meter)
+            return Histogram(spec, self, meter)
         if kind in OBSERVABLE_KINDS:
             create_observable = {
                 "observable_gauge": meter.create_observable_gauge,
@@ -411,18 +395,18 @@ class InstrumentRegistry:
                 reader = reader.reading(self.stats)
             callback = self._guarded_callback(spec, reader)
             create_observable(spec.name, callbacks=[callback], **common)
-            return _Observed(
+            return Observed(
                 spec, self, callback, reader if isinstance(reader, StatsReader) else None
             )
-        series: _LastValue
+        series: LastValue
         if kind == "gauge":
-            series = _LastValue(spec, self, Observation)
+            series = LastValue(spec, self, Observation)
             meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
         elif kind == "counter":
-            series = _RunningTotal(spec, self, Observation)
+            series = RunningTotal(spec, self, Observation)
             meter.create_observable_counter(spec.name, callbacks=[series.observe], **common)
         else:
-            series = _RunningTotal(spec, self, Observation)
+            series = RunningTotal(spec, self, Observation)
             meter.create_observable_up_down_counter(spec.name, callbacks=[series.observe], **common)
         return series
 
@@ -445,14 +429,14 @@ class InstrumentRegistry:
 
         return observe
 
-    def tables(self, group: str) -> dict[str, _LastValue]:
+    def tables(self, group: str) -> dict[str, LastValue]:
         """The gauges and running totals of ``group`` by key (created now if need be).
 
         Their ``store`` is the worker's fast path: one step for a value that passes every
         check :meth:`record` would make, False for anything else.
         """
         instruments = self.instruments(group) or {}
-        return {key: s for key, s in instruments.items() if isinstance(s, _LastValue)}
+        return {key: s for key, s in instruments.items() if isinstance(s, LastValue)}
 
     def create(self, group: str) -> None:
         """Create every instrument of ``group`` now. Idempotent; never raises."""
@@ -502,7 +486,7 @@ class InstrumentRegistry:
 
     def _record_one(
         self,
-        instruments: Mapping[str, _Series],
+        instruments: Mapping[str, Instrument],
         group: str,
         key: str,
         raw: Any,
@@ -528,7 +512,7 @@ class InstrumentRegistry:
             counts.non_finite += 1
             name = series.spec.name
             counts.non_finite_by_series[name] = counts.non_finite_by_series.get(name, 0) + 1
-            if isinstance(series, _LastValue):
+            if isinstance(series, LastValue):
                 series.clear(attributes)
             return
         try:
@@ -547,7 +531,7 @@ class InstrumentRegistry:
         self.lock = threading.Lock()
         for instruments in self._by_group.values():
             for series in instruments.values():
-                if isinstance(series, _LastValue):
+                if isinstance(series, LastValue):
                     series.forget()
 
 

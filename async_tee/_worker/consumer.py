@@ -1,4 +1,4 @@
-"""What the worker does with each snapshot: the step clock, then the recorder (semantics §6, §9)."""
+"""What the worker does with each snapshot: the step clock, then the recorder (semantics §9)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from async_tee._handoff.caller import Snapshot
 from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
 from async_tee._worker.loop import Consumer, Worker
-from async_tee._worker.mapping import LEFT_OUT, READ_WHOLE, count_skipped, exact_str_keys
+from async_tee._worker.mapping import (
+    LEFT_OUT_REASON,
+    READ_WHOLE,
+    count_skipped,
+    exact_str_keys,
+)
 from async_tee._worker.recorder import RLRecorder, Tables
 from async_tee._worker.steps import StepClock, StepPolicy, StepReader
 
@@ -54,7 +59,9 @@ class SnapshotConsumer(Consumer):
             if metrics is not None:  # None: a bare end-of-step marker
                 metrics = _caller.as_dict(metrics)
                 if _caller.LEFT_OUT in metrics:
-                    count_skipped(self.recorder.skipped, LEFT_OUT, metrics.pop(_caller.LEFT_OUT))
+                    count_skipped(
+                        self.recorder.skipped, LEFT_OUT_REASON, metrics.pop(_caller.LEFT_OUT)
+                    )
                 if prefix in READ_WHOLE:  # copied whole: keys as the caller made them
                     metrics = exact_str_keys(metrics)
                 recorder = self.recorder

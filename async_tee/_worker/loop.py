@@ -118,7 +118,7 @@ class Worker:
                 ``max_lag_ms`` keep every item's lag; the consumer hears each drain's).
             drain_interval_s: The shortest the worker sleeps between drains.
             trickle_interval_s: The longest sleep while dicts keep arriving (see
-                ``_next_sleep``): no longer than steps may be exported apart, so each
+                ``next_sleep``): no longer than steps may be exported apart, so each
                 exportable step gets a drain of its own and its own export.
         """
         self.queue = queue
@@ -185,7 +185,7 @@ class Worker:
             self._release_waiters()
             if self._stopping:
                 return
-            sleep = self._next_sleep(sleep, found, slept)
+            sleep = self.next_sleep(sleep, found, slept)
             wait = sleep if due is None else max(0.0, min(sleep, due))
             future: asyncio.Future[None] = loop.create_future()
             self._wake_future = future
@@ -195,7 +195,7 @@ class Worker:
             timer.cancel()
             self._wake_pending = False
 
-    def _next_sleep(self, sleep: float, found: int, slept: float) -> float:
+    def next_sleep(self, sleep: float, found: int, slept: float) -> float:
         """How long to sleep before the next drain, given what this one found.
 
         Each timer wake costs CPU the training thread cannot use, whatever it finds

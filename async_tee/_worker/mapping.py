@@ -47,7 +47,7 @@ prefix's are snapshotted to the keys its rows read."""
 
 
 class Store(Protocol):
-    """A registry table's one-store fast path (``registry._LastValue.store``)."""
+    """A registry table's one-store fast path (``registry.LastValue.store``)."""
 
     def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
         """Record ``raw`` at once if it is a finite float for a held set; else False."""
@@ -72,7 +72,7 @@ STALE_STEP = "stale_step"
 """The reason a gauge value of a dict of an older step is not taken: the tables hold a
 newer step's values, and an export names one step (docs/semantics.md §9)."""
 
-LEFT_OUT = "left_out"
+LEFT_OUT_REASON = "left_out"
 """The reason for keys the caller left out of a snapshot: past the bound of a dict read
 whole, or a key whose lookup raised (docs/semantics.md §6)."""
 
@@ -84,7 +84,7 @@ SKIP_REASONS = (
     DEVICE_TENSOR,
     UNKNOWN_CATEGORY,
     STALE_STEP,
-    LEFT_OUT,
+    LEFT_OUT_REASON,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an

@@ -128,8 +128,6 @@ class RLRecorder:
         rows = teed_metrics() if rows is None else rows
         categories = efficiency_categories() if categories is None else categories
         self.instruments = instruments
-        self.rows = rows
-        self.counter_keys = frozenset(row.key for row in rows if row.kind == "counter")
         self.plan = compile_plan(rows, categories)
         self.efficiency_attributes = self.plan.efficiency_attributes
         self.counted = CountedSteps()

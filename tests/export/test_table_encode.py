@@ -157,7 +157,7 @@ def _run_against(sink: Any, protocol: str, encoder: str) -> dict[Any, Any]:
     )
     assert isinstance(running, async_tee.Pipeline)
     (reader,) = running.exports.push_readers
-    assert (reader._encoder is not None) == (encoder == "tables")  # the path under test
+    assert reader.encodes_tables == (encoder == "tables")  # the path under test
     for step in range(1, 4):
         for call in load_calls():
             async_tee.tee_rl_metrics_to_otel(
@@ -216,7 +216,7 @@ def test_an_exporter_asking_for_delta_keeps_the_sdks_way(sink, monkeypatch):
     )
     assert isinstance(running, async_tee.Pipeline)
     (reader,) = running.exports.push_readers
-    assert reader._encoder is None  # the tables encode cumulative sums only
+    assert not reader.encodes_tables  # the tables encode cumulative sums only
     assert async_tee.shutdown_telemetry(10)
 
 

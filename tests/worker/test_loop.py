@@ -90,4 +90,4 @@ def test_what_is_left_after_a_stop_is_counted_as_shutdown(queue, worker, seen):
 )
 def test_the_timer_sleeps_until_a_batch_worth_a_wake_is_due(capacity, found, slept, expected):
     worker = Worker(DropOldestQueue(capacity), Consumer(), 0.05, trickle_interval_s=1.0)
-    assert worker._next_sleep(0.05, found, slept) == pytest.approx(expected)
+    assert worker.next_sleep(0.05, found, slept) == pytest.approx(expected)

@@ -1,7 +1,7 @@
 """The worker's recorder: its one-store fast path records exactly what the checked path does.
 
 ``RLRecorder`` stores a finite float for a gauge that already holds a point in one step
-(``_LastValue.store``); everything else goes through ``InstrumentRegistry.record``'s
+(``LastValue.store``); everything else goes through ``InstrumentRegistry.record``'s
 checks. Generated sequences of the fixture's ``train`` and ``""`` dicts, their values
 replaced by floats, NaN, infinities, ints, numpy scalars, bools, strings and None, must
 leave the same tables and the same counts as mapping each dict first
@@ -30,6 +30,7 @@ from async_tee._worker.mapping import (
 )
 from async_tee._worker.recorder import COUNTED_STEPS, CountedSteps, RLRecorder
 from async_tee.registry import InstrumentRegistry, instrument_registry
+from async_tee.vocabulary import teed_metrics
 
 _VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
@@ -58,8 +59,9 @@ def _dicts(calls: list[dict[str, Any]]) -> st.SearchStrategy[list[tuple[dict[str
 
 def _checked(recorder: RLRecorder, metrics: dict[str, Any], prefix: str, step: int) -> None:
     """The recorder's path before the fast one: map the whole dict, then record it."""
-    values = map_teed_scalars(metrics, recorder.rows, prefix)
-    for key in recorder.counter_keys.intersection(values):
+    rows = teed_metrics()
+    values = map_teed_scalars(metrics, rows, prefix)
+    for key in {row.key for row in rows if row.kind == "counter"}.intersection(values):
         if not recorder.counted.first_time(step, key):
             del values[key]
     recorder.record(values)
