@@ -124,12 +124,7 @@ class LastValue(Instrument):
 
     def publish(self) -> None:
         """A step completed: exports report its points from now on; the next step starts empty."""
-        if self.changes_when_published():
-            self.shown, self.points = self.points, {}
-
-    def changes_when_published(self) -> bool:
-        """False for a table empty now and shown empty: publishing it would change nothing."""
-        return bool(self.points) or self.shown is None or bool(self.shown)
+        self.shown, self.points = self.points, {}
 
     def forget(self) -> None:
         """Drop every value and admitted set (a forked child exports only its own)."""
@@ -183,8 +178,6 @@ class RunningTotal(LastValue):
 
     def publish(self) -> None:
         """A step completed: exports report the totals as they were at its end."""
-        if not self.changes_when_published():
-            return
         with self.owner.lock:
             self.shown = self.points.copy()
 

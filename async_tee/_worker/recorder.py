@@ -96,6 +96,14 @@ class CountedSteps:
 class Table(Store, Protocol):
     """A series' table of last values or running totals (``_tables``): store, publish."""
 
+    @property
+    def points(self) -> Mapping[Any, Any]:
+        """What is recorded for the step now open."""
+
+    @property
+    def shown(self) -> Mapping[Any, Any] | None:
+        """What exports show since the last publish (None before the first)."""
+
     def publish(self) -> None:
         """A step completed: exports show the table as it is now."""
 
@@ -247,7 +255,9 @@ class RLRecorder:
             if values:
                 self.record(values)
             for table in self.per_step_tables():
-                table.publish()
+                # Publishing a table empty now and shown empty changes nothing: skipped.
+                if table.points or table.shown is None or table.shown:
+                    table.publish()
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")
 
