@@ -283,6 +283,7 @@ def end_and_forget(timeout_s: float) -> None:
     shutdown_telemetry(timeout_s)
     if isinstance(_LAST, Pipeline):
         _LAST.release_signals()
+        _LAST.instruments.stats_source = NO_SESSION.stats  # its own series read zeros too
     _LAST = NO_SESSION
 
 

@@ -280,7 +280,7 @@ def test_generated_hostile_calls_never_escape_and_the_pipeline_keeps_working(pro
         examples[0] += 1
         for metrics, prefix, step, finished in calls:
             async_tee.tee_rl_metrics_to_otel(metrics, prefix, step, step_finished=finished)
-        stats = session.stats(lag_percentiles=False)  # what the self-series read
+        stats = session.stats(lag_percentiles=False)  # no lag sort: cheap enough per example
         assert _identity_holds(stats), stats
         assert stats["worker_died"] == 0
 
