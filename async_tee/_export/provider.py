@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from async_tee._tables.registry import InstrumentRegistry
 
 
+SCOPE = "async_tee"
+"""The instrumentation scope (meter name) async_tee records under, and exports as."""
+
+
 class Exports:
     """A session's provider and what async_tee started for it; the health of its exports.
 
@@ -58,7 +62,7 @@ class Exports:
 
     def meter(self) -> Meter:
         """async_tee's meter on the provider."""
-        return self.provider.get_meter("async_tee", __version__)
+        return self.provider.get_meter(SCOPE, __version__)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -82,7 +86,7 @@ class Exports:
         return next((reader for reader in self.push_readers if reader.step_aligned), None)
 
     def use_tables(self, instruments: InstrumentRegistry) -> None:
-        """Build OTLP exports from ``groups``' tables where they can be (``ASYNC_TEE_ENCODER``)."""
+        """Build OTLP exports from async_tee's own tables where they can (``ASYNC_TEE_ENCODER``)."""
         from async_tee._export.table_encode import TableEncoder  # the OTLP proto loads here
 
         resource = getattr(getattr(self.provider, "_sdk_config", None), "resource", None)
@@ -93,7 +97,7 @@ class Exports:
                         instruments,
                         (SELF_METRIC_GROUP, RL_METRIC_GROUP),
                         resource,
-                        "async_tee",
+                        SCOPE,
                         __version__,
                     )
                 )

@@ -20,7 +20,7 @@ from async_tee._declare.groups import (
 from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
 from async_tee._declare.series import SELF_METRIC_GROUP
 from async_tee._reporting import warn_once
-from async_tee._tables.self_series import StatsReader
+from async_tee._tables.self_series import StatsReader, StatsSource, no_session
 from async_tee._worker.gil import budget
 from async_tee.vocabulary import as_scalar
 
@@ -318,7 +318,7 @@ class InstrumentRegistry:
         self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
         self.lock = threading.Lock()
         # What async_tee's own series read: the stats of the session recording into this meter.
-        self.stats_source: Callable[[], Mapping[str, Any]] | None = None
+        self.stats_source: StatsSource = no_session
 
     def stats(self) -> Mapping[str, Any]:
         """The stats of the session recording into this meter (async_tee's own series read them).
@@ -326,10 +326,7 @@ class InstrumentRegistry:
         Raises:
             LookupError: No session records into this meter.
         """
-        source = self.stats_source
-        if source is None:
-            raise LookupError("no session records into this meter")
-        return source()
+        return self.stats_source()
 
     def begin_session(self, max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS) -> None:
         """Start counting afresh, with this bound for the series created from now on.

@@ -31,7 +31,7 @@ class StatsReader:
 
     def __init__(self, series: _series.Series, stats: StatsSource | None = None) -> None:
         self.series = series
-        self._stats = stats or _no_session
+        self._stats = stats or no_session
         # "steps.coalesced" reads stats()["steps"]["coalesced"]
         self._path = tuple(series.stats_field.split("."))
         self._split_by = series.attributes
@@ -95,7 +95,8 @@ class _KeptSet:
         self.point: tuple[Any, dict[str, Any]] | None = None
 
 
-def _no_session() -> Mapping[str, Any]:
+def no_session() -> Mapping[str, Any]:
+    """The stats source of a meter no session records into: there are none."""
     raise LookupError("no session records into this meter")
 
 

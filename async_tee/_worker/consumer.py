@@ -21,10 +21,6 @@ from async_tee._worker.recorder import RLRecorder, Tables
 from async_tee._worker.steps import StepClock, StepPolicy, StepReader
 
 
-def _nothing() -> None:
-    return None
-
-
 class SnapshotConsumer(Consumer):
     """One session's consumer: each snapshot passes the step clock, then the recorder.
 
@@ -38,7 +34,7 @@ class SnapshotConsumer(Consumer):
         recorder: RLRecorder,
         steps: StepClock,
         queue: DropOldestQueue[Snapshot],
-        on_step: Callable[[], object] = _nothing,
+        on_step: Callable[[], object],
     ) -> None:
         """A consumer of ``queue``'s snapshots; ``on_step`` runs at each completed step."""
         self.recorder = recorder
@@ -103,7 +99,7 @@ class SnapshotConsumer(Consumer):
 
     def figures(self) -> dict[str, Any]:
         """This consumer's part of ``stats()``: values skipped at mapping, the step counts."""
-        return {"values_skipped": dict(self.recorder.skipped), "steps": self.steps.stats()}
+        return {"values_skipped": self.recorder.skipped, "steps": self.steps.stats()}
 
 
 def new_worker(
@@ -112,7 +108,7 @@ def new_worker(
     policy: StepPolicy,
     queue_size: int,
     drain_interval_s: float,
-    on_step: Callable[[], object] = _nothing,
+    on_step: Callable[[], object],
 ) -> tuple[SnapshotConsumer, DropOldestQueue[Snapshot], Worker]:
     """A session's queue, its consumer over ``tables`` and the worker draining it, not started.
 
