@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import socket
+import sys
 from collections.abc import Mapping
 from urllib.parse import unquote
 
@@ -111,7 +112,12 @@ _RANK_ATTRIBUTES = (
     ("local_rank", "rl.local_rank"),
     ("world_size", "rl.world_size"),
     ("node_rank", "rl.node_rank"),
+    # The names NeMo's own stack (NeMo-Lens) gives the rank and the world size.
+    ("rank", "dl.rank"),
+    ("world_size", "dl.world_size"),
 )
+NEMO_RUN_ID_ATTRIBUTE = "nemo.run.id"
+"""The run id again under NeMo-Lens's name, so its dashboards' ``nemo_run_id`` finds it."""
 
 
 def _warn_malformed(name: str, raw: str, default: object) -> None:
@@ -365,7 +371,9 @@ def _resource_attributes(
     # One identity per (run, rank): two jobs on a host never share one, and a rank
     # restarted within its job continues its own series rather than starting a new
     # random one (unbounded cardinality across restarts in a backend that keeps them).
+    attributes.setdefault("service.name", default_service_name())
     run = str(attributes.setdefault(RUN_ID_ATTRIBUTE, run_id(environ)))
+    attributes.setdefault(NEMO_RUN_ID_ATTRIBUTE, run)
     host = str(attributes.setdefault("host.name", socket.gethostname()))
     if "rl.rank" in attributes:
         instance = f"{run}/rank-{attributes['rl.rank']}"
@@ -376,6 +384,21 @@ def _resource_attributes(
         (_utf8(key), _utf8(value) if isinstance(value, str) else value)
         for key, value in attributes.items()
     )
+
+
+def default_service_name() -> str:
+    """``service.name`` when neither ``OTEL_SERVICE_NAME`` nor the resource sets one.
+
+    The training script's name without its suffix (``run_grpo_math`` for ``python
+    examples/run_grpo_math.py``), as the job is known on the launcher's command line; the
+    OTel SDK's ``unknown_service`` when there is no script (``python -c``, a REPL). For
+    ``python -m package``, the package's name.
+    """
+    script = sys.argv[0] if sys.argv else ""
+    stem = os.path.splitext(os.path.basename(script))[0]
+    if stem == "__main__":  # python -m package: the package's name
+        stem = os.path.basename(os.path.dirname(script))
+    return stem if stem and stem not in ("-c", "-m", "-") else "unknown_service"
 
 
 def _utf8(text: str) -> str:

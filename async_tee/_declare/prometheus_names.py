@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "check_prometheus_names",
+    "otlp_prometheus_name",
     "prometheus_label",
     "prometheus_name",
     "prometheus_sample_names",
@@ -159,6 +160,52 @@ def prometheus_sample_names(name: str, kind: str, unit: str) -> tuple[str, ...]:
     return (family + _TOTAL,) if kind_type == "counter" else (family,)
 
 
+def _otlp_unit_suffixes(unit: str) -> tuple[str, str]:
+    """prometheus/otlptranslator's unit suffixes: (main, ``per_<unit>``), each cleaned up."""
+    main, slash, per = unit.partition("/")
+    main, per = main.strip(), per.strip()
+    main = "" if not main or "{" in main or "}" in main else _UNITS.get(main, main)
+    if slash and per and "{" not in per and "}" not in per:
+        per = "per_" + _PER_UNITS.get(per, per)
+    else:
+        per = ""
+    clean = [
+        re.sub("_+", "_", _INVALID_RUN.sub("_", part)).removeprefix("_") for part in (main, per)
+    ]
+    return clean[0], clean[1]
+
+
+def otlp_prometheus_name(name: str, kind: str, unit: str) -> str:
+    """The name a series gets where OTLP is translated (Collector, remote write, Prometheus 3).
+
+    The Collector's ``prometheus`` and ``prometheusremotewrite`` exporters and Prometheus 3's
+    OTLP receiver name through ``prometheus/otlptranslator`` (underscore escaping, with
+    suffixes: every one's default). It differs from the Python exporter in three ways a
+    declaration can hit: a gauge of unit ``"1"`` gets ``_ratio``; a counter's ``total`` token
+    moves to the end wherever it stood; a unit already among the name's tokens is not added.
+
+    Raises:
+        ValueError: ``kind`` is not one of the registry's kinds.
+    """
+    kind_type = prometheus_type(kind)
+    tokens = [token for token in _INVALID_RUN.split(name.lower()) if token]
+    main, per = _otlp_unit_suffixes(unit)
+    if main in tokens:
+        main = ""
+    per = "" if per == "per_" else per.removesuffix("_")
+    if per in tokens:
+        per = ""
+    if per:
+        main = main.removesuffix("_")
+    tokens += [suffix for suffix in (main, per) if suffix]
+    if kind_type == "counter":
+        tokens = [token for token in tokens if token != "total"] + ["total"]
+    if unit == "1" and kind in ("gauge", "observable_gauge"):
+        tokens = [token for token in tokens if token != "ratio"] + ["ratio"]
+    joined = "_".join(tokens)
+    return "_" + joined if joined[:1].isdigit() else joined
+
+
 def _claims(name: str, kind: str, unit: str) -> tuple[str, ...]:
     return (prometheus_name(name, kind, unit), *prometheus_sample_names(name, kind, unit))
 
@@ -174,8 +221,9 @@ def check_prometheus_names(
 
     Raises:
         ValueError: Two series would be exported under one Prometheus name (a metric name
-            or a histogram's ``_bucket``/``_count``/``_sum`` sample). The message names both
-            series and the shared name.
+            or a histogram's ``_bucket``/``_count``/``_sum`` sample), or a new series would be
+            named differently behind OTLP (:func:`otlp_prometheus_name`) than on ``/metrics``.
+            The message names the series and the names.
     """
     claimed: dict[str, tuple[str, str]] = {}
     for name, kind, unit in existing:
@@ -191,3 +239,16 @@ def check_prometheus_names(
                     "one and drop the other without an error. Rename one of them."
                 )
             claimed[exposed] = (name, kind)
+        translated = otlp_prometheus_name(name, kind, unit)
+        if translated != prometheus_name(name, kind, unit):
+            raise ValueError(
+                f"series {name!r} ({kind}, unit {unit!r}) would be named "
+                f"{prometheus_name(name, kind, unit)!r} on async_tee's /metrics but "
+                f"{translated!r} behind an OpenTelemetry Collector or Prometheus 3's OTLP "
+                "receiver, so one dashboard could not serve both. "
+                + (
+                    "Declare a dimensionless gauge with unit '' (not '1')."
+                    if unit == "1"
+                    else "Rename it so its unit and 'total' appear once, at the end."
+                )
+            )

@@ -173,7 +173,7 @@ SELF: tuple[Series, ...] = (
         "worker_died",
         "async_tee.worker.died",
         "observable_gauge",
-        "1",
+        "",
         "1 if the worker stopped unexpectedly (the tee is then off), else 0.",
         "worker_died",
     ),

@@ -102,7 +102,7 @@ TRAINING_GAUGES = (
     TeedMetric(
         "truncation_rate",
         "rl.truncation.ratio",
-        unit="1",
+        unit="",
         description="Share of generations truncated at the length limit.",
     ),
 )
@@ -197,7 +197,7 @@ VALIDATION = (
     TeedMetric(
         "accuracy",
         "rl.validation.accuracy",
-        unit="1",
+        unit="",
         description="Validation accuracy (share of correct samples).",
         prefix=VALIDATION_PREFIX,
     ),
@@ -211,7 +211,7 @@ VALIDATION = (
     TeedMetric(
         "pass_k",
         "rl.validation.pass_at_k",
-        unit="1",
+        unit="",
         description="Share of validation prompts with at least one correct generation.",
         prefix=VALIDATION_PREFIX,
     ),

@@ -15,6 +15,7 @@ from async_tee._declare import series as _series
 from async_tee._declare import shipped as default_rows
 from async_tee._declare.prometheus_names import (
     check_prometheus_names,
+    otlp_prometheus_name,
     prometheus_label,
     prometheus_name,
     prometheus_sample_names,
@@ -335,6 +336,45 @@ def test_render_catalog_json_round_trips():
 # ---------------------------------------------------------------- collisions
 
 
+# prometheus/otlptranslator's own cases (metric_namer_test.go), as the Collector and
+# Prometheus 3's OTLP receiver name them by default.
+OTLP_CASES = [
+    ("system.filesystem.usage", "gauge", "By", "system_filesystem_usage_bytes"),
+    ("system.network.io", "counter", "By", "system_network_io_bytes_total"),
+    ("rl.truncation.ratio", "gauge", "1", "rl_truncation_ratio"),  # "ratio" once, at the end
+    ("rl.accuracy", "gauge", "1", "rl_accuracy_ratio"),
+    ("rl.accuracy", "up_down_counter", "1", "rl_accuracy"),  # gauges only
+    ("rl.requests", "counter", "1", "rl_requests_total"),  # counters exempt
+    ("rl.total.tokens", "counter", "{token}", "rl_tokens_total"),
+    ("rl.throughput", "gauge", "{token}/s", "rl_throughput_per_second"),
+    ("rl.seconds.spent", "gauge", "s", "rl_seconds_spent"),  # a token already there
+    ("2xx.count", "gauge", "", "_2xx_count"),
+]
+
+
+@pytest.mark.parametrize(("name", "kind", "unit", "expected"), OTLP_CASES)
+def test_otlp_prometheus_name_follows_the_translator(name, kind, unit, expected):
+    assert otlp_prometheus_name(name, kind, unit) == expected
+
+
+def test_every_catalog_series_has_one_name_on_every_path():
+    for entry in series_catalog():
+        assert otlp_prometheus_name(entry.name, entry.kind, entry.unit) == entry.prometheus_name
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "unit", "says"),
+    [
+        ("rl.acc", "gauge", "1", r"'rl_acc'.*'rl_acc_ratio'.*unit ''"),
+        ("rl.total.tokens", "counter", "", r"'rl_total_tokens_total'.*'rl_tokens_total'.*Rename"),
+        ("rl.seconds.spent", "gauge", "s", r"'rl_seconds_spent_seconds'.*'rl_seconds_spent'"),
+    ],
+)
+def test_a_series_named_apart_behind_otlp_is_refused(name, kind, unit, says):
+    with pytest.raises(ValueError, match=says):
+        check_prometheus_names([(name, kind, unit)])
+
+
 def test_check_prometheus_names_names_both_series():
     with pytest.raises(ValueError, match=r"'rl\.x_y'.*'rl\.x\.y'.*'rl_x_y'"):
         check_prometheus_names([("rl.x.y", "gauge", ""), ("rl.x_y", "gauge", "")])
@@ -379,7 +419,7 @@ def test_register_teed_metrics_collision_with_a_default_row():
 def test_a_row_replacing_a_default_may_take_its_prometheus_name():
     register_teed_metrics([TeedMetric("reward", "rl.reward_mean")])  # same logger key
     assert "rl.reward.mean" not in [row.name for row in teed_metrics()]
-    register_recorded_metrics([RecordedMetric("rl.policy.loss", unit="1")])  # same name
+    register_recorded_metrics([RecordedMetric("rl.policy.loss", unit="{nat}")])  # same name
     assert "rl.policy.loss" in [row.name for row in recorded_metrics()]
 
 

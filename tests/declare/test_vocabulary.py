@@ -542,7 +542,7 @@ def test_identical_row_after_freeze_is_a_no_op_but_a_changed_one_raises():
     freeze_metrics()
     register_teed_metrics([default_rows.TRAINING_SCALARS[0]])
     with pytest.raises(RuntimeError, match=r"rl\.reward\.mean"):
-        register_teed_metrics([TeedMetric("reward", "rl.reward.mean", unit="1")])
+        register_teed_metrics([TeedMetric("reward", "rl.reward.mean", unit="{point}")])
     assert by_logger_key()["reward"] == "rl.reward.mean"
 
 
@@ -570,16 +570,16 @@ def test_user_row_with_the_default_logger_key_replaces_the_default():
 
 
 def test_user_row_with_the_default_series_name_replaces_the_default():
-    register_teed_metrics([TeedMetric("my_reward", "rl.reward.mean", unit="1")])
+    register_teed_metrics([TeedMetric("my_reward", "rl.reward.mean", unit="{point}")])
     assert "reward" not in by_logger_key()
     assert by_logger_key()["my_reward"] == "rl.reward.mean"
     assert names().count("rl.reward.mean") == 1
-    assert next(r for r in teed_metrics() if r.name == "rl.reward.mean").unit == "1"
+    assert next(r for r in teed_metrics() if r.name == "rl.reward.mean").unit == "{point}"
 
 
 def test_user_row_with_same_key_and_name_but_new_unit_replaces_the_default():
-    register_teed_metrics([TeedMetric("reward", "rl.reward.mean", unit="1")])
-    assert [r.unit for r in teed_metrics() if r.logger_key == "reward"] == ["1"]
+    register_teed_metrics([TeedMetric("reward", "rl.reward.mean", unit="{point}")])
+    assert [r.unit for r in teed_metrics() if r.logger_key == "reward"] == ["{point}"]
 
 
 def test_a_replaced_default_is_no_longer_replaceable_by_another_user_row():

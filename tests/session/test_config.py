@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from async_tee import config
 from async_tee.config import Settings, load_settings
 
 
@@ -30,12 +31,16 @@ def all_logged_text(caplog):
     return "\n".join(parts)
 
 
-IDENTITY = ("rl.run.id", "host.name", "service.instance.id")
+IDENTITY = ("rl.run.id", "nemo.run.id", "host.name", "service.instance.id")
 
 
 def resource(settings):
     """The resource attributes but the identity every session gets (see test_identity.py)."""
-    return {k: v for k, v in settings.resource_attributes if k not in IDENTITY}
+    return {
+        k: v
+        for k, v in settings.resource_attributes
+        if k not in IDENTITY and (k, v) != ("service.name", config.default_service_name())
+    }
 
 
 def without_identity(settings):
@@ -523,11 +528,27 @@ def test_rank_variables_become_int_attributes():
     assert attributes["rl.rank"] == 3
     assert attributes["rl.local_rank"] == 1
     assert attributes["rl.world_size"] == 8
-    for name in ("rl.rank", "rl.local_rank", "rl.world_size"):
+    assert (attributes["dl.rank"], attributes["dl.world_size"]) == (3, 8)  # NeMo-Lens's names
+    for name in ("rl.rank", "rl.local_rank", "rl.world_size", "dl.rank", "dl.world_size"):
         assert type(attributes[name]) is int
     ids = identity(settings)
+    assert ids["nemo.run.id"] == ids["rl.run.id"]
     assert ids["host.name"] == socket.gethostname()
     assert ids["service.instance.id"] == f"{ids['rl.run.id']}/rank-3"
+
+
+def test_service_name_defaults_to_the_script_or_package(monkeypatch):
+    for argv0, expected in [
+        ("examples/run_grpo_math.py", "run_grpo_math"),
+        ("/venv/lib/python3.13/site-packages/torch/distributed/run.py", "run"),
+        ("/x/site-packages/nemo_rl/__main__.py", "nemo_rl"),
+        ("-c", "unknown_service"),
+        ("", "unknown_service"),
+    ]:
+        monkeypatch.setattr("sys.argv", [argv0])
+        assert dict(load_settings(environ={}).resource_attributes)["service.name"] == expected
+    monkeypatch.setattr("sys.argv", [])
+    assert config.default_service_name() == "unknown_service"
 
 
 def test_node_rank_prefers_group_rank():
@@ -549,7 +570,7 @@ def test_a_given_host_name_and_instance_id_are_kept():
 @pytest.mark.parametrize("raw", ["x", "-1", "1.5", ""])
 def test_non_integer_rank_is_ignored(raw):
     attributes = resource(load_settings(environ={"RANK": raw, "WORLD_SIZE": "4"}))
-    assert attributes == {"rl.world_size": 4}
+    assert attributes == {"rl.world_size": 4, "dl.world_size": 4}
     settings = load_settings(environ={"RANK": raw, "WORLD_SIZE": "4"})
     assert "/rank-" not in identity(settings)["service.instance.id"]
 
