@@ -73,6 +73,11 @@ class AlertThresholds:
         lag_p99_ms: The tee-to-record lag's p99 over ``window_s`` above this.
         rank_gone_window_s: A rank that exported within this window and does not now,
             while its run goes on.
+        rank_silent_s: A rank whose newest export is older than this does not export now.
+            On a scrape a dead rank's series end at once (staleness markers); pushed over
+            OTLP (a Collector's remote write, Prometheus 3's OTLP receiver) they have none
+            and would stay current for Prometheus's 5-minute lookback. Keep it above the
+            export interval (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default).
         window_s: The window of the counters' ``increase`` (NaN, drops, failed exports).
         for_multiplier: Scales every rule's ``for:`` (pending period); 0 fires at once.
     """
@@ -83,6 +88,7 @@ class AlertThresholds:
     queue_full_fraction: float = 0.9
     lag_p99_ms: float = 5000.0
     rank_gone_window_s: float = 3600.0
+    rank_silent_s: float = 180.0
     window_s: float = 300.0
     for_multiplier: float = 1.0
 
@@ -95,8 +101,8 @@ class AlertThresholds:
             raise ValueError(
                 f"queue_full_fraction must be in (0, 1], got {self.queue_full_fraction}"
             )
-        if self.window_s <= 0 or self.rank_gone_window_s <= 0:
-            raise ValueError("window_s and rank_gone_window_s must be > 0")
+        if self.window_s <= 0 or self.rank_gone_window_s <= 0 or self.rank_silent_s <= 0:
+            raise ValueError("window_s, rank_gone_window_s and rank_silent_s must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +186,11 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
     sessions = f"group by (job, instance) ({capacity}{_where()}) * {IDENTITY}"
     stepped = f"group by (rl_run_id) ({step_time} * {IDENTITY})"
     ranks = 'target_info{rl_run_id!=""}'
+    # Exporting now: a current target_info whose newest sample is recent (no staleness
+    # marker ends a pushed series).
+    current = (
+        f"({ranks} unless on (job, instance) (time() - timestamp({ranks})) > {t.rank_silent_s:g})"
+    )
     by_rank = "group by (rl_run_id, rl_rank)"
     non_finite_q = f"increase({non_finite}{_where()}[{window}]) * {IDENTITY}"
     failures = _where('result="failure"')
@@ -219,7 +230,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
             "RLRankGone",
             "critical",
             f"{by_rank} (last_over_time({ranks}[{gone}])) unless on (rl_run_id, rl_rank) "
-            f"{by_rank} ({ranks}) and on (rl_run_id) group by (rl_run_id) ({ranks})",
+            f"{by_rank} {current} and on (rl_run_id) group by (rl_run_id) {current}",
             for_(60),
             "A rank stopped exporting while the rest of its run goes on",
             f"run {{{{ $labels.rl_run_id }}}}, rank {{{{ $labels.rl_rank }}}}: exported "

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -113,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         "dashboard",
         help="write a Grafana dashboard (JSON) with a panel for every series",
         description="Generate a Grafana dashboard from the series catalog: one panel per "
-        "series, queried on Prometheus with job, instance and rank variables. Needs "
+        "series, queried on Prometheus with job, run, instance and rank variables. Needs "
         "pip install '.[dashboard]' from a checkout (Python >= 3.11).",
     )
     dashboard.add_argument(
@@ -142,6 +143,24 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{what} (default: %(default)s)",
         )
     alerts.set_defaults(handler=_run_alerts)
+
+    stack = commands.add_parser(
+        "stack",
+        help="write a runnable stack: Collector, Prometheus, alert rules, dashboard, compose",
+        description="Write the configs for one path from the ranks to Prometheus, with the "
+        "alert rules loaded and the dashboard provisioned, and a compose file naming the "
+        "official images. Paths: scrape (Prometheus scrapes each rank), collector (OTLP -> "
+        "Collector's prometheus exporter <- scrape), remote-write (OTLP -> Collector -> "
+        "remote write), otlp (OTLP/HTTP -> Prometheus 3's OTLP receiver).",
+    )
+    stack.add_argument("--output", metavar="DIR", required=True, help="the folder to write")
+    stack.add_argument(
+        "--path",
+        default="remote-write",
+        choices=("scrape", "collector", "remote-write", "otlp"),
+        help="how the ranks' series reach Prometheus (default: %(default)s)",
+    )
+    stack.set_defaults(handler=_run_stack)
     return parser
 
 
@@ -169,6 +188,7 @@ _ALERT_FLAGS = (
     ("--queue-full", "queue_full_fraction", _fraction, "queue fill that warns"),
     ("--lag-p99-ms", "lag_p99_ms", _non_negative, "tee-to-record p99 lag that warns"),
     ("--rank-gone-window", "rank_gone_window_s", _duration, "how far back a rank counts"),
+    ("--rank-silent-after", "rank_silent_s", _duration, "no export this long: not exporting"),
     ("--window", "window_s", _duration, "window of the counters' increase"),
     ("--for-multiplier", "for_multiplier", _non_negative, "scales every rule's for:"),
 )
@@ -191,6 +211,29 @@ def _run_alerts(args: argparse.Namespace) -> int:
     with open(args.output, "w", encoding="utf-8") as out:
         out.write(text)
     print(f"async-tee alerts: wrote {len(alert_rules(thresholds))} rules to {args.output}")
+    return 0
+
+
+def _run_stack(args: argparse.Namespace) -> int:
+    from async_tee.stack import render_stack
+
+    try:
+        from async_tee.dashboard import render_dashboard
+
+        dashboard: str | None = render_dashboard()
+    except ImportError as exc:  # the dashboard's extra is missing: the rest still runs
+        print(f"async-tee stack: no dashboard.json ({exc})", file=sys.stderr)
+        dashboard = None
+    files = render_stack(args.path, dashboard=dashboard)
+    for name, text in files.items():
+        target = os.path.join(args.output, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8") as out:
+            out.write(text)
+    print(
+        f"async-tee stack: wrote {len(files)} files for the {args.path} path to {args.output}; "
+        f"docker compose up there, and start each rank with the variables in ranks.env"
+    )
     return 0
 
 

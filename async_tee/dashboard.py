@@ -29,9 +29,12 @@ _RATE = "[$__rate_interval]"
 _RANK_LEGEND = "rank {{rl_rank}}"
 _REGEX_VARIABLES = {
     "job": "label_values(target_info, job)",
-    "instance": 'label_values(target_info{job=~"$job"}, instance)',
-    "rank": 'label_values(target_info{job=~"$job"}, rl_rank)',
+    "run": 'label_values(target_info{job=~"$job"}, rl_run_id)',
+    "instance": 'label_values(target_info{job=~"$job", rl_run_id=~"$run"}, instance)',
+    "rank": 'label_values(target_info{job=~"$job", rl_run_id=~"$run"}, rl_rank)',
 }
+_CHOSEN = 'target_info{rl_run_id=~"$run", rl_rank=~"$rank"}'
+"""The processes the run and rank variables select (``target_info`` is 1)."""
 _INTERVALS = ("__rate_interval", "__interval", "__range")
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _ANNOTATION = re.compile(r"\{(.*)\}")
@@ -52,13 +55,13 @@ class _PanelSpec:
 
 
 def _by_rank(expr: str) -> str:
-    """Join ``expr`` to ``target_info`` so it carries, and is filtered by, ``rl_rank``.
+    """Join ``expr`` to ``target_info`` so it carries, and is filtered by, run and rank.
 
     ``expr`` must bind tighter than ``*`` (a selector, a call, or parenthesized). The
     value is kept (``target_info`` is 1). A process with no ``rl_rank`` still matches
     ``rl_rank=~".*"`` (an absent label is the empty string), so single-process runs show.
     """
-    return f'{expr} * on (job, instance) group_left (rl_rank) target_info{{rl_rank=~"$rank"}}'
+    return f"{expr} * on (job, instance) group_left (rl_rank, rl_run_id) {_CHOSEN}"
 
 
 def _legend(entry: CatalogEntry, prefix: str = "") -> str:
@@ -201,12 +204,14 @@ def _alert_panels() -> list[_PanelSpec]:
     """One panel per alert rule with a quantity: that quantity, its threshold a line."""
     from async_tee.alerts import alert_rules, with_selector
 
+    # What the rule sees (a straggler is behind every rank of its run), then the chosen ranks.
+    chosen = f"and on (rl_run_id, rl_rank) group by (rl_run_id, rl_rank) ({_CHOSEN})"
     return [
         _PanelSpec(
             f"{rule.name}: {rule.summary}",
             f"Alert {rule.name} ({rule.severity}) fires when this is above {rule.threshold:g} "
             f"for {rule.for_s:g} s. {rule.look_at}",
-            with_selector(rule.quantity, _MATCHERS),  # every rank: as the rule sees them
+            f"({with_selector(rule.quantity, _MATCHERS)}) {chosen}",
             "rank {{rl_rank}} {{instance}}",
             threshold=rule.threshold,
         )
@@ -352,7 +357,7 @@ def build_dashboard(
 
     Returns:
         A JSON-ready dict (Grafana's dashboard model): a ``datasource`` variable and
-        ``job``/``instance``/``rank`` multi-select variables, and one row per family.
+        ``job``/``run``/``instance``/``rank`` multi-select variables, and one row per family.
 
     Raises:
         ImportError: ``grafana-foundation-sdk`` is not installed (:data:`INSTALL_HINT`).
@@ -398,8 +403,8 @@ def expand_variables(
 
     Args:
         expr: A panel query, e.g. from :func:`panel_queries`.
-        values: Regexes for ``job``, ``instance`` and ``rank``; ``.*`` (All) for any
-            not given.
+        values: Regexes for ``job``, ``run``, ``instance`` and ``rank``; ``.*`` (All) for
+            any not given.
         rate_interval: What ``$__rate_interval``, ``$__interval`` and ``$__range`` become.
 
     Returns:

@@ -2,8 +2,9 @@
 
 Usage: ``python benchmarks/bench_alerts.py [--rounds N] [--quick] [--out PATH]``
 (``run_all.py`` runs it as the ``alerts`` part of ``results/latest.json``; run alone, it
-writes its JSON and markdown to a temp dir unless ``--out`` is given). Needs Debian's
-``prometheus`` (``/usr/bin/prometheus``); without it the report says so and holds no row.
+writes its JSON and markdown to a temp dir unless ``--out`` is given). Needs Prometheus 3 as
+``servers/build`` builds it (else a ``prometheus`` on ``PATH``); without one the report says
+so and holds no row.
 
 **The run.** Per round, a real Prometheus (scrape and evaluation interval 1 s) loads the
 rules of ``async-tee alerts`` with short thresholds (:data:`THRESHOLDS`: stuck after 5 s,
@@ -59,7 +60,17 @@ from bench_export import fixture_calls, log_step
 import async_tee
 from async_tee import alerts
 
-PROMETHEUS = shutil.which("prometheus")
+
+def _prometheus() -> str | None:
+    """Prometheus 3 as ``servers/build`` built it, else one on ``PATH``, else None."""
+    build = Path(__file__).parents[1] / "servers" / "build"
+    if subprocess.run([str(build), "--check"], check=False).returncode == 0:
+        out = subprocess.run([str(build)], capture_output=True, text=True, check=True).stdout
+        return dict(line.split("=", 1) for line in out.split())["prometheus"]
+    return shutil.which("prometheus")
+
+
+PROMETHEUS = _prometheus()
 THRESHOLDS = alerts.AlertThresholds(stuck_after_s=5, straggler_steps=5, for_multiplier=1 / 60)
 STEP_S = 0.2
 EVENT_AFTER_S = 6.0
@@ -309,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     if PROMETHEUS is None:
-        report.update(skipped="no prometheus binary (Debian's prometheus package)", rows=[])
+        report.update(skipped="no prometheus binary (run servers/build)", rows=[])
     else:
         rounds = []
         for index in range(report["config"]["rounds"]):

@@ -15,6 +15,15 @@ from async_tee import testing
 from async_tee.sink import OtlpSink
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the real servers (servers/build, once per machine) before a test that runs them."""
+    if any(item.get_closest_marker("servers") for item in items):
+        import servers
+
+        if servers.go_found() and not servers.built():
+            servers.build_servers()
+
+
 @pytest.fixture(autouse=True)
 def clean_async_tee() -> Iterator[None]:
     """Every test starts with shipped declarations and no telemetry, and leaks no thread."""

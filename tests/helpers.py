@@ -6,7 +6,9 @@ Imported by the test modules (``from helpers import ...``); the fixtures live in
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -72,3 +74,23 @@ def tee_fixture_steps(steps: int) -> int:
         for call in calls:
             async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
     return steps * len(calls)
+
+
+def end_ranks(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
+    """Close each rank's stdin (it shuts down); its last stdout line says what it delivered."""
+    for proc in procs.values():
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+    ends = {}
+    for key, proc in procs.items():
+        assert proc.stdout is not None
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        lines = proc.stdout.read().splitlines()
+        proc.stdout.close()
+        ends[key] = json.loads(lines[-1]).get("delivered") if lines else None
+    return ends

@@ -1,13 +1,14 @@
 """One rank of a launched job, as the multi-rank tests start it (a real process).
 
 Its rank comes from the launcher's variables its parent set, read the way async_tee reads
-them. It tees the fixture's calls with values of its own (``reward = rank + 0.25``,
-``1000 x (rank + 1)`` prompt tokens a step, a critic loss as PPO logs one, and a NaN
-``grad_norm`` at step ``--nan-step``, 2 by default), a step every ``--step-seconds``, until a
-line ``stop`` arrives on stdin (or, with ``--steps``, that many steps are done). Then it
-flushes and prints one JSON line: its rank, the steps it logged, what async_tee reports
-(``stats()``, the Prometheus address) and the names of async_tee's threads. It keeps
-serving until stdin closes, then shuts down and prints ``{"delivered": ...}``.
+them. It tees the fixture's calls with values of its own (``reward = rank + 0.25`` plus
+``--reward-offset``, which tells two runs apart, ``1000 x (rank + 1)`` prompt tokens a step,
+a critic loss as PPO logs one, and a NaN ``grad_norm`` at step ``--nan-step``, 2 by
+default), a step every ``--step-seconds``, until a line ``stop`` arrives on stdin (or,
+with ``--steps``, that many steps are done). Then it flushes and prints one JSON line: its
+rank, the steps it logged, what async_tee reports (``stats()``, the Prometheus address) and
+the names of async_tee's threads. It keeps serving until stdin closes, then shuts down and
+prints ``{"delivered": ...}``. ``--print-events`` puts the NaN's time on stderr.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="0: until stdin says stop")
     parser.add_argument("--step-seconds", type=float, default=0.3)
     parser.add_argument("--nan-step", type=int, default=2, help="0: no NaN")
+    parser.add_argument("--reward-offset", type=float, default=0.0, help="added to the reward")
+    parser.add_argument("--print-events", action="store_true", help="the NaN's time on stderr")
     args = parser.parse_args()
 
     session = async_tee.start_telemetry()
@@ -59,12 +62,14 @@ def main() -> None:
         for call in step_calls:
             metrics = dict(call["metrics"])
             if call["prefix"] == "train":
-                metrics["reward"] = rank + 0.25
+                metrics["reward"] = rank + 0.25 + args.reward_offset
                 metrics["vllm/prompt_tokens"] = 1000 * (rank + 1)
                 metrics["critic/loss"] = 0.5 + rank  # as PPO logs it, so every row has data
                 metrics.update(buffer_size=8, avg_trajectory_age=1.5)  # as async GRPO does
                 if steps == args.nan_step:
                     metrics["grad_norm"] = float("nan")  # a diverged value, counted once
+                    if args.print_events:
+                        print(json.dumps({"event": "nan", "at": time.time()}), file=sys.stderr)
             if call["prefix"] == "timing/train":  # validation every step, so every row has data
                 async_tee.tee_rl_metrics_to_otel(
                     {"total_validation_time": 2.0}, "timing/validation", steps

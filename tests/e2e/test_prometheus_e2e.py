@@ -1,4 +1,4 @@
-"""End to end through a real Prometheus server (Debian's package) scraping async_tee.
+"""End to end through a real Prometheus 3 server (servers/build) scraping async_tee.
 
 One process teeing the fixture, and a launched job of 4 real rank processes per launcher
 family (torchrun, SLURM, Open MPI), each serving its own port with no port set for it,
@@ -11,52 +11,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
-import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import load_calls
+from helpers import end_ranks, load_calls
 
 import async_tee
+import servers
+from servers import free_port, free_ports, query, wait_for_query
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def query(port: int, expr: str) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)["data"]["result"]
-
-
-def free_ports(count: int) -> int:
-    """A base port with ``count`` free ports from it on (checked by binding each)."""
-    for _ in range(200):
-        base = random.randrange(20_000, 60_000)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + count):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError("no run of free ports found")
+pytestmark = pytest.mark.servers
 
 
 @contextlib.contextmanager
@@ -78,10 +47,9 @@ def run_prometheus(
         targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
     config.write_text("\n".join(lines) + "\n")
-    assert PROMETHEUS is not None
     proc = subprocess.Popen(
         [
-            PROMETHEUS,
+            servers.binary("prometheus"),
             f"--config.file={config}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{web}",
@@ -101,19 +69,6 @@ def prometheus_server(tmp_path):
     target = free_port()
     with run_prometheus(tmp_path, {"async_tee": [target]}) as web:
         yield target, web
-
-
-def wait_for_query(web: int, expr: str, done: Any, timeout_s: float = 45) -> list[dict[str, Any]]:
-    """Poll a query until ``done(result)`` holds; the last result either way."""
-    deadline = time.monotonic() + timeout_s
-    result: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):  # the server may still be starting
-            result = query(web, expr)
-            if done(result):
-                return result
-        time.sleep(0.5)  # polling an external server, not waiting for our worker
-    return result
 
 
 @pytest.mark.slow
@@ -202,26 +157,6 @@ def _by_rank(result: list[dict[str, Any]]) -> dict[str, float]:
     return {row["metric"].get("rl_rank", ""): float(row["value"][1]) for row in result}
 
 
-def _end(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
-    """Close every rank's stdin (it shuts down), and read its last line: what it delivered."""
-    for proc in procs.values():
-        with contextlib.suppress(OSError, ValueError):
-            assert proc.stdin is not None
-            proc.stdin.close()
-    ends = {}
-    for key, proc in procs.items():
-        assert proc.stdout is not None
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        lines = proc.stdout.read().splitlines()
-        proc.stdout.close()
-        ends[key] = {k: v for k, v in json.loads(lines[-1]).items() if k != "at"} if lines else None
-    return ends
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_rank_of_every_launcher_family_is_scraped_under_its_own_rank(tmp_path):
@@ -291,85 +226,7 @@ def test_every_rank_of_every_launcher_family_is_scraped_under_its_own_rank(tmp_p
                     empty.append(concrete)
             assert not empty, f"dashboard queries with no data: {empty}"
         finally:
-            ends = _end(procs)
+            ends = end_ranks(procs)
     for key, proc in procs.items():
         assert proc.returncode == 0, key
-        assert ends[key] == {"delivered": True}, key  # every exporter served to the end
-
-
-def firing_and_pending(web: int) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{web}/api/v1/alerts"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)["data"]["alerts"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_the_generated_alerts_fire_in_a_real_prometheus(tmp_path):
-    """Three ranks of one torchrun job: rank 0 healthy, rank 1 stops stepping after 3 steps
-    (still serving), rank 2 logs one NaN ``grad_norm``. The stuck rule goes pending, then
-    firing, for rank 1 alone; the non-finite rule fires for rank 2; nothing ever names
-    rank 0. Rules from ``async-tee alerts`` with short thresholds, evaluated every second."""
-    from async_tee import alerts
-
-    # A healthy rank's scraped step time lags by up to a drain (the worker's longest sleep while
-    # dicts trickle, 1 s), a scrape (1 s) and an evaluation (1 s) plus its own step (0.3 s): a
-    # stuck threshold inside that budget fires on healthy ranks now and then (it did, about one
-    # run in ten). 5 s clears it with a margin; the stuck rank still fires within seconds.
-    thresholds = alerts.AlertThresholds(stuck_after_s=5, for_multiplier=2 / 300)
-    base = free_ports(3)
-    argv = {
-        0: ["--nan-step", "0"],
-        1: ["--nan-step", "0", "--steps", "3"],
-        2: ["--nan-step", "2"],
-    }
-    procs: dict[int, subprocess.Popen[str]] = {}
-    seen: dict[tuple[str, str], list[tuple[float, str]]] = {}
-    with run_prometheus(
-        tmp_path, {"train": [base + r for r in range(3)]}, alerts.render_rules(thresholds)
-    ) as web:
-        try:
-            for rank, extra in argv.items():
-                env = {**_rank_env("torchrun", rank, base), "WORLD_SIZE": "3"}
-                procs[rank] = subprocess.Popen(
-                    [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *extra],
-                    env=env,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-            assert procs[1].stdout is not None
-            stopped_stepping = json.loads(procs[1].stdout.readline())  # its 3 steps are done
-            assert stopped_stepping["steps"] == 3
-            last_step = time.monotonic()
-
-            def states(name: str, rank: str) -> set[str]:
-                return {state for _, state in seen.get((name, rank), [])}
-
-            deadline = last_step + 60
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError):
-                    for alert in firing_and_pending(web):
-                        key = (alert["labels"]["alertname"], alert["labels"].get("rl_rank", ""))
-                        seen.setdefault(key, []).append((time.monotonic(), alert["state"]))
-                if "firing" in states("RLTrainerStuck", "1") and "firing" in states(
-                    "RLNonFiniteValues", "2"
-                ):
-                    break
-                time.sleep(0.2)  # polling an external server, not waiting for our worker
-            for rank in (0, 2):  # both still stepping: stop them
-                stdin = procs[rank].stdin
-                assert stdin is not None
-                stdin.write("stop\n")
-                stdin.flush()
-        finally:
-            ends = _end(procs)
-    assert states("RLTrainerStuck", "1") == {"pending", "firing"}, seen
-    stuck = seen[("RLTrainerStuck", "1")]
-    assert stuck[0][1] == "pending"  # pending before firing: the rule's for:
-    assert "firing" in states("RLNonFiniteValues", "2"), seen
-    assert not [key for key in seen if key[1] == "0"], seen  # the healthy rank: nothing, ever
-    assert {name for name, _ in seen} <= {"RLTrainerStuck", "RLNonFiniteValues", "RLStraggler"}
-    fired = next(at for at, state in stuck if state == "firing") - last_step
-    print(f"stuck: fired {fired:.1f} s after the last step (threshold 5 s, for 2 s)")
-    assert all(end == {"delivered": True} for end in ends.values()), ends
+        assert ends[key] is True, key  # every exporter served to the end

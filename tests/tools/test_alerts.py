@@ -1,7 +1,7 @@
 """The generated alert rules: they read only the catalog's series, Prometheus's own tools
 accept them, and each fires on the history it is for and not on a healthy one.
 
-``promtool`` is Debian's (the ``prometheus`` package): ``check rules`` on the generated file,
+``promtool`` is Prometheus 3's, built by ``servers/build``: ``check rules`` on the generated file,
 ``test rules`` with one synthetic history that must fire each rule, at the time and with
 the labels and annotations Prometheus would give it, and one that must not.
 """
@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from typing import Any
 
 import pytest
 
+import servers
 from async_tee import alerts, cli
 from async_tee.catalog import series_catalog
 
-PROMTOOL = shutil.which("promtool") or "promtool"
-needs_promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="Debian's prometheus not installed"
-)
+needs_promtool = pytest.mark.servers
+
+
+@pytest.fixture
+def promtool() -> str:
+    return servers.binary("promtool")
+
 
 LABEL_NAMES = {"rl_rank", "rl_run_id"}  # resource attributes, on target_info
 METRIC = re.compile(r"\b((?:rl|async_tee)_[a-z0-9_]+)\b")
@@ -112,11 +115,11 @@ def test_the_command_writes_the_file_with_the_flags(tmp_path, capsys):
 
 
 @needs_promtool
-def test_promtool_accepts_the_generated_file(tmp_path):
+def test_promtool_accepts_the_generated_file(tmp_path, promtool):
     path = tmp_path / "rules.yml"
     path.write_text(alerts.render_rules())
     done = subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(alerts.alert_rules())} rules found" in done.stdout
@@ -342,12 +345,12 @@ def unit_tests(rules: list[alerts.AlertRule]) -> dict[str, Any]:
 
 
 @needs_promtool
-def test_each_rule_fires_on_its_history_and_nothing_fires_on_a_quiet_one(tmp_path):
+def test_each_rule_fires_on_its_history_and_nothing_fires_on_a_quiet_one(tmp_path, promtool):
     rules = alerts.alert_rules()
     (tmp_path / "rules.yml").write_text(alerts.render_rules())
     (tmp_path / "tests.yml").write_text(json.dumps(unit_tests(rules), indent=1))
     done = subprocess.run(
-        [PROMTOOL, "test", "rules", "tests.yml"],
+        [promtool, "test", "rules", "tests.yml"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -358,7 +361,7 @@ def test_each_rule_fires_on_its_history_and_nothing_fires_on_a_quiet_one(tmp_pat
 
 
 @needs_promtool
-def test_a_stuck_rank_pends_before_it_fires(tmp_path):
+def test_a_stuck_rank_pends_before_it_fires(tmp_path, promtool):
     """The stuck rule's ``for:``: pending is not firing (promtool reports only firing)."""
     rule = next(r for r in alerts.alert_rules() if r.name == "RLTrainerStuck")
     scenario = SCENARIOS[rule.name]
@@ -369,7 +372,7 @@ def test_a_stuck_rank_pends_before_it_fires(tmp_path):
     test["tests"][0]["alert_rule_test"][0]["exp_alerts"] = []
     (tmp_path / "tests.yml").write_text(json.dumps(test))
     done = subprocess.run(
-        [PROMTOOL, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True
+        [promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert scenario["at"] == "32m"  # and fired by then: the test above

@@ -16,7 +16,8 @@ from async_tee import alerts, cli, dashboard
 from async_tee.catalog import series_catalog
 from async_tee.vocabulary import RecordedMetric, TeedMetric
 
-RANK_JOIN = '* on (job, instance) group_left (rl_rank) target_info{rl_rank=~"$rank"}'
+CHOSEN = 'target_info{rl_run_id=~"$run", rl_rank=~"$rank"}'
+RANK_JOIN = "* on (job, instance) group_left (rl_rank, rl_run_id) " + CHOSEN
 
 
 def leaf_panels(board):
@@ -35,17 +36,19 @@ def panels_by_title(board):
     return {panel["title"]: (row, panel) for row, panel in leaf_panels(board)}
 
 
-def test_json_round_trips_with_the_four_variables_and_the_datasource_everywhere():
+def test_json_round_trips_with_the_five_variables_and_the_datasource_everywhere():
     board = json.loads(dashboard.render_dashboard("my-prometheus"))
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "instance", "rank"]
+    assert list(variables) == ["datasource", "job", "run", "instance", "rank"]
     source = variables["datasource"]
     assert (source["type"], source["query"]) == ("datasource", "prometheus")
     assert source["current"]["value"] == "my-prometheus"
     assert variables["job"]["query"] == "label_values(target_info, job)"
-    assert variables["instance"]["query"] == 'label_values(target_info{job=~"$job"}, instance)'
-    assert variables["rank"]["query"] == 'label_values(target_info{job=~"$job"}, rl_rank)'
-    for name in ("job", "instance", "rank"):
+    assert variables["run"]["query"] == 'label_values(target_info{job=~"$job"}, rl_run_id)'
+    chosen_run = 'target_info{job=~"$job", rl_run_id=~"$run"}'
+    assert variables["instance"]["query"] == f"label_values({chosen_run}, instance)"
+    assert variables["rank"]["query"] == f"label_values({chosen_run}, rl_rank)"
+    for name in ("job", "run", "instance", "rank"):
         assert variables[name]["multi"] is True, name
         assert variables[name]["includeAll"] is True, name
         assert variables[name]["allValue"] == ".*"
@@ -83,7 +86,9 @@ def test_the_alerts_row_plots_what_each_rule_compares_and_firing_alerts_annotate
         assert row.startswith("Alerts")
         assert rule.quantity is not None
         expr = panel["targets"][0]["expr"]
-        assert expr == alerts.with_selector(rule.quantity, 'job=~"$job", instance=~"$instance"')
+        quantity = alerts.with_selector(rule.quantity, 'job=~"$job", instance=~"$instance"')
+        chosen = f"and on (rl_run_id, rl_rank) group by (rl_run_id, rl_rank) ({CHOSEN})"
+        assert expr == f"({quantity}) {chosen}"  # every rank as the rule sees it; then chosen
         assert alerts.without_selector(rule.quantity) in rule.expr or "increase(" in expr
         steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
         assert steps[-1]["value"] == rule.threshold
@@ -164,7 +169,8 @@ def test_expand_variables_leaves_no_dollar_in_any_query():
     query = 'rate(x{job=~"$job", instance=~"${instance}"}[$__rate_interval]) ' + RANK_JOIN
     assert dashboard.expand_variables(query, {"rank": "0|3"}) == (
         'rate(x{job=~".*", instance=~".*"}[1m]) '
-        '* on (job, instance) group_left (rl_rank) target_info{rl_rank=~"0|3"}'
+        "* on (job, instance) group_left (rl_rank, rl_run_id) "
+        'target_info{rl_run_id=~".*", rl_rank=~"0|3"}'
     )
     with pytest.raises(ValueError, match=r"\$nope"):
         dashboard.expand_variables("x{a=~'$nope'}")

@@ -1,0 +1,50 @@
+"""``async-tee stack``: the files of each path, and what each must set (the end-to-end tests
+run these same configs in the real servers: tests/e2e/test_paths.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_tee import cli, stack
+
+
+def test_the_cli_offers_exactly_the_stack_paths():
+    for path in stack.PATHS:
+        assert cli._parser().parse_args(["stack", "--output", "x", "--path", path]).path == path
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["stack", "--output", "x", "--path", "carrier-pigeon"])
+
+
+@pytest.mark.parametrize("path", stack.PATHS)
+def test_each_path_writes_its_files_and_sets_what_it_needs(path, tmp_path, capsys):
+    assert cli.main(["stack", "--output", str(tmp_path), "--path", path]) == 0
+    assert f"for the {path} path" in capsys.readouterr().out
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    collector = path in ("collector", "remote-write")
+    assert ("otelcol.yaml" in written) is collector
+    assert {"prometheus.yml", "rules.yml", "compose.yaml", "ranks.env"} <= written
+    prometheus = (tmp_path / "prometheus.yml").read_text()
+    compose = (tmp_path / "compose.yaml").read_text()
+    assert stack.PROMETHEUS_IMAGE in compose
+    assert (stack.COLLECTOR_IMAGE in compose) is collector
+    assert ("honor_labels: true" in prometheus) is (path == "collector")
+    for flag in stack.prometheus_flags(path):
+        assert flag in compose
+    if collector:
+        assert (
+            "resource_to_telemetry_conversion:\n      enabled: true"
+            in (tmp_path / "otelcol.yaml").read_text()
+        )
+    assert ("promote_resource_attributes" in prometheus) is (path == "otlp")
+    env = dict(line.split("=", 1) for line in (tmp_path / "ranks.env").read_text().split())
+    assert env["OTEL_METRICS_EXPORTER"] == ("prometheus" if path == "scrape" else "otlp")
+    if path == "otlp":  # Prometheus takes OTLP over HTTP only
+        assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+        assert env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"].endswith("/api/v1/otlp/v1/metrics")
+
+
+def test_an_unknown_path_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="scrape"):
+        stack.render_stack("carrier-pigeon")
+    with pytest.raises(ValueError, match="no Collector"):
+        stack.collector_config("otlp", stack.StackAddresses())
