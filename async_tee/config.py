@@ -368,10 +368,10 @@ def _resource_attributes(
             value = getattr(launched, field)
             if value is not None and attribute not in attributes:
                 attributes[attribute] = value
+    attributes.setdefault("service.name", default_service_name())
     # One identity per (run, rank): two jobs on a host never share one, and a rank
     # restarted within its job continues its own series rather than starting a new
     # random one (unbounded cardinality across restarts in a backend that keeps them).
-    attributes.setdefault("service.name", default_service_name())
     run = str(attributes.setdefault(RUN_ID_ATTRIBUTE, run_id(environ)))
     attributes.setdefault(NEMO_RUN_ID_ATTRIBUTE, run)
     host = str(attributes.setdefault("host.name", socket.gethostname()))

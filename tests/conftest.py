@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +23,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         import servers
 
         if servers.go_found() and not servers.built():
-            servers.build_servers()
+            try:
+                servers.build_servers()
+            except (OSError, subprocess.CalledProcessError) as exc:  # their tests say so
+                print(f"servers/build failed: {exc}", file=sys.stderr)
 
 
 @pytest.fixture(autouse=True)

@@ -61,7 +61,7 @@ def binary(name: str) -> str:
     if found is None:
         if os.environ.get("CI"):
             pytest.fail(f"{NO_GO}; CI must build them")
-        pytest.skip(NO_GO if not go_found() else "servers/build did not run (see conftest)")
+        pytest.skip(NO_GO if not go_found() else "servers/build failed: run it to see why")
     return found[name]
 
 
