@@ -36,8 +36,9 @@ PROMOTED = (
     "nemo.run.id",
     "dl.rank",
 )
-"""The resource attributes Prometheus 3's OTLP receiver copies onto every series (path c),
-so a NeMo-Lens selector (``service_name``, ``nemo_run_id``) finds them as behind a Collector."""
+"""The resource attributes copied onto every series behind a Collector (its exporters'
+``resource_constant_labels``) and by Prometheus 3's OTLP receiver (``promote_resource_attributes``),
+so a NeMo-Lens selector (``service_name``, ``nemo_run_id``) finds them on every pushed path."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,20 +96,19 @@ def collector_config(
             "  prometheus:\n"
             f"    endpoint: {at.collector_metrics_listen}\n"
             f"    metric_expiration: {_seconds(at.metric_expiration_s)}\n"
-            "    resource_to_telemetry_conversion:\n"
-            "      enabled: true\n"
+            "    resource_constant_labels:\n"
+            f"      included: {_yaml_list(PROMOTED)}\n"
         )
         name = "prometheus"
     elif path == "remote-write":
         exporter = (
-            "  prometheusremotewrite:\n"
+            "  prometheus_remote_write:\n"
             f"    endpoint: http://{at.prometheus}/api/v1/write\n"
-            "    resource_to_telemetry_conversion:\n"
-            "      enabled: true\n"
-            "    remote_write_queue:\n"
-            "      num_consumers: 1  # one request at a time: a rank's samples stay in order\n"
+            "    resource_constant_labels:\n"
+            f"      included: {_yaml_list(PROMOTED)}\n"
+            "    max_batch_request_parallelism: 1  # one request at a time: samples in order\n"
         )
-        name = "prometheusremotewrite"
+        name = "prometheus_remote_write"
     else:
         raise ValueError(f"the {path!r} path has no Collector; one of 'collector', 'remote-write'")
     extra = dict(extra_exporters or {})

@@ -37,6 +37,7 @@ _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 SPEND_EVERY = 64
 """Points gathered between two offers of the GIL (``_worker/gil``); a series with more points is
 one unit, and an observable callback always is."""
+_MILLISECOND_NS = 1_000_000
 FILL_EVERY = 256
 """Points written between two offers of the GIL: a few tens of µs of C calls."""
 _SUMS = {"observable_counter": True, "observable_up_down_counter": False}
@@ -72,6 +73,7 @@ class TableEncoder:
         self._indices: list[int] = []  # its series (their places in the groups) ...
         self._keys: list[tuple[Any, ...]] = []  # ... and their attribute sets, in order
         self.builds = 0  # how many times the request was built afresh
+        self._last_now = 0  # the last request's point time (ns)
 
     def request(self, timeout_s: float | None = None) -> EncodedRequest:
         """This export's request, serialized. Never raises but ``TimeoutError``.
@@ -80,7 +82,10 @@ class TableEncoder:
         attribute sets as at the last export, the bytes kept from it only have their
         values and times written again; else they are built afresh.
         """
-        now = time.time_ns()
+        # Each request's points at least 1 ms after the last one's: two steps collected within
+        # a millisecond (a late worker catching up) would be one sample where times have
+        # millisecond resolution (Prometheus keeps one per series and millisecond, silently).
+        now = self._last_now = max(time.time_ns(), self._last_now + _MILLISECOND_NS)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         gathered = self._gather(deadline)
         if self._template is None or not self._same_shape(gathered):

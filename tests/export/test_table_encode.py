@@ -6,6 +6,7 @@ the session records into, then ``encode_metrics``; the tables through ``TableEnc
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -317,3 +318,26 @@ def test_an_encoded_request_over_the_http_size_limit_fails_as_the_sdk_drops_it(
     finally:
         small.shutdown()
         large.shutdown()
+
+
+def _times(request: Any) -> set[int]:
+    decoded = _decoded(request)
+    return {
+        point.time_unix_nano
+        for scope in decoded.resource_metrics[0].scope_metrics
+        for metric in scope.metrics
+        for point in (*metric.gauge.data_points, *metric.sum.data_points)
+    }
+
+
+def test_requests_made_within_a_millisecond_are_a_millisecond_apart(session):
+    """Two steps collected at once (a late worker catching up) stay two samples in a store
+    that keeps one sample per series and millisecond (Prometheus, silently)."""
+    running, _, resource = session
+    encoder = _encoder(running, resource)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, step_finished=True)
+    assert async_tee.flush(10)
+    times = [_times(encoder.request()) for _ in range(5)]  # back to back: microseconds apart
+    assert all(len(one) == 1 for one in times)  # one time per request, every point
+    firsts = [min(one) for one in times]
+    assert all(later - earlier >= 1_000_000 for earlier, later in itertools.pairwise(firsts))

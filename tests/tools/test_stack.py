@@ -31,10 +31,9 @@ def test_each_path_writes_its_files_and_sets_what_it_needs(path, tmp_path, capsy
     for flag in stack.prometheus_flags(path):
         assert flag in compose
     if collector:
-        assert (
-            "resource_to_telemetry_conversion:\n      enabled: true"
-            in (tmp_path / "otelcol.yaml").read_text()
-        )
+        included = ", ".join(f'"{name}"' for name in stack.PROMOTED)
+        config = (tmp_path / "otelcol.yaml").read_text()
+        assert f"resource_constant_labels:\n      included: [{included}]" in config
     assert ("promote_resource_attributes" in prometheus) is (path == "otlp")
     env = dict(line.split("=", 1) for line in (tmp_path / "ranks.env").read_text().split())
     assert env["OTEL_METRICS_EXPORTER"] == ("prometheus" if path == "scrape" else "otlp")
