@@ -162,7 +162,10 @@ def test_ray_started_after_telemetry_is_named_once_and_the_session_ends_first_at
     stderr = tmp_path / "stderr"
     code, lines, _ = _run_child(sink, stderr=stderr, RAY="after")
     assert lines[0].startswith("handler init.<locals>.sigterm_handler")  # Ray's, over ours
-    assert code == signal.SIGTERM  # Ray's handler: sys.exit(signum)
+    # Ray's handler: sys.exit(signum). On a loaded box Ray's own shutdown at exit now and then
+    # aborts in its C++ core (seen once in CI under 4 test processes), after the session ended:
+    # what the sink holds below says the session delivered either way.
+    assert code in (signal.SIGTERM, -signal.SIGABRT), code
     warnings = [line for line in stderr.read_text().splitlines() if "was replaced" in line]
     assert len(warnings) == 1, warnings  # once, for five completed steps
     assert "ray._private.worker.init.<locals>.sigterm_handler" in warnings[0]
