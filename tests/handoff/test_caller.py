@@ -5,9 +5,12 @@ The caller runs against a real hand-off queue; the snapshot is read back off it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from async_tee._handoff import caller as _caller
 from async_tee._handoff.queue import DropOldestQueue
@@ -51,3 +54,45 @@ def test_a_dict_read_whole_is_copied_whole(queue):
 def test_a_prefix_not_read_enqueues_nothing(queue):
     _caller.tee_rl_metrics_to_otel({"reward": 1.0}, "ray", 1)
     assert queue.pop_batch(8) == []
+
+
+SMALL = ("a", "b", "c", "d", "e", "f")
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.sets(st.sampled_from(SMALL)), st.integers(0, 8)), min_size=1, max_size=12
+    )
+)
+def test_a_dict_of_the_last_shape_or_another_snapshots_exactly_its_read_keys(shapes):
+    """The caller reads a dict of the last plain dict's shape by that shape (its present keys
+    in one call) and any other dict afresh: a key that came or went in between is never
+    missed nor kept, whatever the order of shapes."""
+    queue: DropOldestQueue[Any] = DropOldestQueue(64)
+    _caller.attach(queue, {"train": SMALL})
+    try:
+        for step, (present, unread) in enumerate(shapes):
+            metrics = {key: float(step) for key in sorted(present)}
+            metrics.update({f"unread_{i}": [step] for i in range(unread)})
+            _caller.tee_rl_metrics_to_otel(metrics, "train", step)
+            assert _snapshot(queue) == {key: float(step) for key in present}, (step, present)
+    finally:
+        _caller.attach(None)
+
+
+def test_a_dict_subclass_is_read_without_being_changed():
+    """A ``defaultdict`` is never read by the shape of an earlier plain dict: indexing one of
+    its missing keys would add it to the trainer's dict."""
+    queue: DropOldestQueue[Any] = DropOldestQueue(8)
+    _caller.attach(queue, {"train": SMALL})
+    try:
+        unread = {f"unread_{i}": 0.0 for i in range(8)}
+        _caller.tee_rl_metrics_to_otel({"a": 1.0, "b": 2.0, **unread}, "train", 1)
+        assert _snapshot(queue) == {"a": 1.0, "b": 2.0}  # its shape: a and b
+        metrics: defaultdict[str, float] = defaultdict(float, {"a": 4.0, **unread})
+        _caller.tee_rl_metrics_to_otel(metrics, "train", 2)
+        assert _snapshot(queue) == {"a": 4.0}
+        assert dict(metrics) == {"a": 4.0, **unread}  # no "b" added
+    finally:
+        _caller.attach(None)
