@@ -203,6 +203,23 @@ def render_result(result: DemoResult) -> str:
         "  (tee = async_tee's share; call = the whole Logger.log_metrics, JSONL backend "
         "included; a prefix no family or row reads, such as ray, is not teed)"
     )
+    train, floor, cpu = result.latency_us.get("train"), result.paced_floor_us, result.tee_cpu_us
+    if train and floor["p50"] > 0:
+        tee = train["tee"]
+        out.append(
+            f"  train at trainer pace: tee p50 {tee['p50']:.1f} µs against {floor['p50']:.1f} µs "
+            f"for the paced floor (a train dict copied into a deque between the calls, after as "
+            f"much idle time): {tee['p50'] / floor['p50']:.1f}x; p99 {tee['p99']:.1f} against "
+            f"{floor['p99']:.1f} µs. The tee's CPU time on this thread: p50 {cpu['p50']:.1f} µs "
+            "(thread_time_ns, its own system call included)"
+            + (
+                f"; the other {tee['p50'] - cpu['p50']:.1f} µs of its p50 waited (the GIL another "
+                "thread held, the scheduler)."
+                if tee["p50"] > cpu["p50"]
+                else ": work, not waits for the GIL (after idle time every touch of memory misses "
+                "the caches, the floor's too)."
+            )
+        )
     nominal = result.steps * result.step_seconds
     share = (
         100 * result.log_seconds_on_training_thread / result.loop_seconds

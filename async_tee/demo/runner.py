@@ -77,6 +77,9 @@ class DemoResult:
             received (``None`` when nothing arrived).
         latency_us: Per prefix and ``all``: ``calls`` and ``tee`` / ``log_metrics``
             percentiles (``p50``, ``p99``, ``max``) in microseconds, caller side.
+        paced_floor_us: The paced floor's percentiles: the ``train`` dicts copied into a
+            deque between the calls, after as much idle time (``TimedLogger.time_floor``).
+        tee_cpu_us: The ``train`` tee's CPU time on the calling thread, percentiles.
         loop_seconds: Wall time of the training loop (steps only).
         log_seconds_on_training_thread: Time the training callers (the loop and the event
             loop's coroutine, not the GPU monitor) spent in log_metrics.
@@ -98,6 +101,8 @@ class DemoResult:
     missing_defaults: list[str] | None
     counter_checks: dict[str, dict[str, float | None]]
     latency_us: dict[str, dict[str, Any]]
+    paced_floor_us: dict[str, float]
+    tee_cpu_us: dict[str, float]
     loop_seconds: float
     log_seconds_on_training_thread: float
     stats: dict[str, Any]
@@ -392,13 +397,23 @@ def _run(
         loop_start = time.perf_counter()
         logger.log_metrics(setup, 0, "timing/setup")
         monitor.start()
+        rollout: dict[str, Any] = {}
+        train: dict[str, Any] = {}
         for step in range(steps):
             step_start = time.perf_counter()
             first = len(logger.samples)
-            time.sleep(0.6 * step_seconds)  # generation
+            # Generation, then training; halfway through each, the paced floor on the dict
+            # logged after it last step, with caches as cold as the call's will be.
+            time.sleep(0.3 * step_seconds)
+            if rollout:
+                logger.time_floor(rollout)
+            time.sleep(0.3 * step_seconds)
             rollout = simulation.rollout(step)
             logger.log_metrics(rollout, step, "train")
-            time.sleep(0.4 * step_seconds)  # training
+            time.sleep(0.2 * step_seconds)
+            if train:
+                logger.time_floor(train)
+            time.sleep(0.2 * step_seconds)
             train = simulation.train(step, rollout)
             logger.log_metrics(train, step, "train")
             logger.log_metrics(simulation.performance(step_seconds, rollout), step, "performance")
@@ -461,6 +476,8 @@ def _run(
         missing_defaults=None if series is None else _missing(series, _expected_defaults(phases)),
         counter_checks=counter_checks,
         latency_us=latency_by_prefix(logger.samples),
+        paced_floor_us=percentiles_us(logger.floor_ns),
+        tee_cpu_us=percentiles_us(logger.tee_cpu_ns),
         loop_seconds=loop_seconds,
         log_seconds_on_training_thread=sum(training_calls) / 1e9,
         stats=async_tee.stats(),

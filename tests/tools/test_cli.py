@@ -493,6 +493,11 @@ def test_demo_command_line_json():
     assert data["delivered"]
     assert default_series_names() <= {series["name"] for series in data["series"]}
     assert len([line for line in proc.stderr.splitlines() if line.startswith("step ")]) == 3
+    # The paced floor: each train dict but the first step's, timed between the calls.
+    floor, tee = data["paced_floor_us"], data["latency_us"]["train"]["tee"]
+    assert 0 < floor["p50"] <= floor["max"]
+    assert data["tee_cpu_us"]["p50"] > 0
+    assert tee["p50"] > 0
 
 
 @pytest.mark.slow
@@ -508,6 +513,8 @@ def test_demo_command_line_table():
     assert proc.returncode == 0, proc.stderr
     assert "Every default series arrived" in proc.stdout
     assert "Caller-side cost" in proc.stdout
+    assert "train at trainer pace: tee p50" in proc.stdout
+    assert "paced floor" in proc.stdout
     assert_demo_figures_agree(proc.stdout)
     assert "async_tee.exports" in proc.stdout  # the table's rows were checked too
     # The library logs its effective configuration at INFO; the command line shows it,
@@ -555,6 +562,8 @@ def synthetic_result(**changes) -> demo.DemoResult:
                 "log_metrics": {"p50": 2, "p99": 2, "max": 2},
             }
         },
+        paced_floor_us={"p50": 1, "p99": 1, "max": 1},
+        tee_cpu_us={"p50": 1, "p99": 1, "max": 1},
         loop_seconds=0.1,
         log_seconds_on_training_thread=0.0,
         stats=async_tee.stats(),
