@@ -73,7 +73,7 @@ def test_a_dict_of_the_last_shape_or_another_snapshots_exactly_its_read_keys(sha
     _caller.attach(queue, {"train": SMALL})
     try:
         for step, (present, unread) in enumerate(shapes):
-            metrics = {key: float(step) for key in sorted(present)}
+            metrics: dict[str, Any] = {key: float(step) for key in sorted(present)}
             metrics.update({f"unread_{i}": [step] for i in range(unread)})
             _caller.tee_rl_metrics_to_otel(metrics, "train", step)
             assert _snapshot(queue) == {key: float(step) for key in present}, (step, present)
