@@ -25,6 +25,11 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   ``urllib3`` transport, as async_tee builds it; ``http-requests``: the same through the
   ``requests`` session async_tee uses where a proxy variable applies (no gRPC thread in
   either: ``threads`` is the worker, the exporting thread and the receiver-less rest).
+- ``sdk-alone``: the baseline, no async_tee: the OTel SDK records the same series inline on
+  the training thread, the seed's way (the same mapping, one synchronous instrument call per
+  value), and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step.
+  Only the whole process's and the training thread's CPU are measured; the ratio table gives
+  the process CPU per step of ``step`` (gRPC) and ``http`` over it.
 
 Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 2.3 min). ``--quick``: 2 steps
 of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
@@ -105,9 +110,10 @@ from async_tee._export import http_session as _http_session
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-MODES = ("step", "periodic", "sdk", "http", "http-requests")
+MODES = ("step", "periodic", "sdk", "http", "http-requests", "sdk-alone")
 STEP_MODES = ("step", "sdk", "http", "http-requests")  # every export a step export
 HTTP_MODES = ("http", "http-requests")  # OTLP/HTTP: the urllib3 transport, or requests
+SDK_ALONE = "sdk-alone"  # no async_tee: the OTel SDK alone, the seed's way
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
@@ -323,8 +329,97 @@ def _step_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return {"exports_by_trigger": stats["exports_by_trigger"], "steps": stats["steps"]}
 
 
+def _seed_recorder(meter: Any) -> Any:
+    """The seed's tee on a plain meter: map each dict, one SDK instrument call per value."""
+    from async_tee._worker.mapping import (
+        efficiency_attributes,
+        map_efficiency_seconds,
+        map_teed_scalars,
+    )
+    from async_tee.vocabulary import efficiency_categories, teed_metrics
+
+    record = {
+        row.key: (meter.create_counter if row.kind == "counter" else meter.create_gauge)(
+            row.name, unit=row.unit
+        )
+        for row in teed_metrics()
+    }
+    efficiency = meter.create_gauge("rl.efficiency.seconds", unit="s")
+    attributes = {
+        category: dict(frozen.mapping)
+        for category, frozen in efficiency_attributes(efficiency_categories()).items()
+    }
+
+    def tee(call: Call, step: int) -> None:
+        for key, value in map_teed_scalars(call.metrics).items():
+            instrument = record[key]
+            (instrument.add if hasattr(instrument, "add") else instrument.set)(value)
+        for category, seconds in map_efficiency_seconds(call.metrics, attributes).items():
+            efficiency.set(seconds, attributes[category])
+
+    return tee
+
+
+def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
+    """The baseline: no async_tee; the OTel SDK records the same series inline (the seed's
+    way) and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    setup, calls = fixture_calls()
+    exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=step_s * 1000)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    tee = _seed_recorder(provider.get_meter("seed"))
+    period = round(step_s * 1e9)
+    try:
+        reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
+        warm = perf_counter_ns()
+        tee(setup, 0)
+        for call in calls:
+            tee(call, 1)
+        start = warm + round(WARMUP_S * 1e9)
+        samples = []
+        for index in range(steps):
+            _sleep_until(start + index * period)
+            samples.append(_sample(None, None))
+            for call in calls:
+                tee(call, 2 + index)
+        _sleep_until(start + steps * period)
+        samples.append(_sample(None, None))
+    finally:
+        provider.shutdown()
+    process, main = _diffs(samples, "process"), _diffs(samples, "main")
+    assert process is not None
+    assert main is not None
+    threads = [p - m for p, m in zip(process, main, strict=True)]
+    return {
+        "mode": SDK_ALONE,
+        "step_s": step_s,
+        "steps": steps,
+        "exports": steps,
+        "exporter_cpu_per_export_us": None,
+        "collect_cpu_us": None,
+        "collect_threads": {},
+        "exporter_thread_cpu_per_step_us": None,
+        "worker_cpu_per_step_us": None,
+        "main_cpu_per_step_us": _pcts(main),
+        "threads_cpu_per_step_us": _pcts(threads),
+        "process_cpu_per_step_us": _pcts(process),
+        "totals": {
+            "worker_cpu_per_step_us": None,
+            "threads_cpu_per_step_us": sum(threads) / steps / 1000,
+            "process_cpu_per_step_us": sum(process) / steps / 1000,
+        },
+        "warnings": [],
+    }
+
+
 def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
     """Warm up, run ``steps`` measured steps, shut down; every raw figure of the cell."""
+    if mode == SDK_ALONE:
+        return run_sdk_alone_cell(step_s, steps, port)
     setup, calls = fixture_calls()
     logger = async_tee.Logger()
     environ = environ_for(mode, step_s, port)
@@ -531,7 +626,7 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not {"step", "periodic"} <= set(by_mode):
             continue
         s, p = by_mode["step"], by_mode["periodic"]
-        t = by_mode.get("sdk")
+        t, alone = by_mode.get("sdk"), by_mode.get(SDK_ALONE)
 
         def ratio(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None or not b else a / b
@@ -558,6 +653,17 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 else ratio(
                     t["totals"]["threads_cpu_per_step_us"], s["totals"]["threads_cpu_per_step_us"]
                 ),
+                # The whole process's CPU per step (the training thread's tee or inline
+                # recording included) against the SDK alone exporting the same series.
+                **{
+                    f"{mode}_over_sdk_alone_process_cpu_per_step": None
+                    if alone is None or mode not in by_mode
+                    else ratio(
+                        by_mode[mode]["totals"]["process_cpu_per_step_us"],
+                        alone["totals"]["process_cpu_per_step_us"],
+                    )
+                    for mode in ("step", "http")
+                },
             }
         )
     return out
@@ -590,7 +696,7 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """One row per cell; µs of thread CPU time."""
     rows: list[tuple[str, ...]] = []
     for c in cells:
-        collect_threads = ", ".join(sorted(c["collect_threads"])).replace("async-tee-", "")
+        collect_threads = ", ".join(sorted(c.get("collect_threads", {}))).replace("async-tee-", "")
         rows.append(
             (
                 f"{c['step_s']:g} s",
@@ -620,6 +726,8 @@ RATIO_HEADER = (
     "worker CPU/step total",
     "all threads CPU/step total",
     "SDK-built / step: all threads CPU/step",
+    "process CPU/step: gRPC / SDK alone",
+    "HTTP / SDK alone",
 )
 
 
@@ -633,6 +741,8 @@ def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             fmt_opt(r["worker_cpu_per_step_total"], ".2f"),
             fmt_opt(r["threads_cpu_per_step_total"], ".2f"),
             fmt_opt(r.get("sdk_over_step_threads_cpu_per_step_total"), ".2f"),
+            fmt_opt(r.get("step_over_sdk_alone_process_cpu_per_step"), ".2f"),
+            fmt_opt(r.get("http_over_sdk_alone_process_cpu_per_step"), ".2f"),
         )
         for r in report["ratios"]
     ]
