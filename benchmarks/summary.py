@@ -1,7 +1,8 @@
 """The README's benchmark summary: one compact table, generated from ``results/latest.json``.
 
 Usage: ``python benchmarks/summary.py [--results PATH] [--readme PATH]`` rewrites the README
-between the markers ``<!-- bench-summary:start -->`` and ``<!-- bench-summary:end -->``.
+between the markers ``<!-- bench-summary:start -->`` and ``<!-- bench-summary:end -->``, and its
+first screen's line between ``<!-- bench-headline:start -->`` and ``<!-- bench-headline:end -->``.
 ``run_all.py`` calls :func:`main` after a full run has written ``results/latest.json``
 (never after ``--quick``), and ``tests/test_docs.py`` checks that the README's table is
 :func:`render` of that file, so no figure in the README is copied by hand. Every table of
@@ -24,6 +25,8 @@ RESULTS_JSON = HERE / "results" / "latest.json"
 README = HERE.parent / "README.md"
 START = "<!-- bench-summary:start -->"
 END = "<!-- bench-summary:end -->"
+HEADLINE_START = "<!-- bench-headline:start -->"
+HEADLINE_END = "<!-- bench-headline:end -->"
 
 Row = tuple[str, str, str]
 
@@ -224,19 +227,39 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def block(readme: str) -> str:
+def headline(results: dict[str, Any]) -> str:
+    """The first screen's line: the call's cost at trainer pace and back to back, each
+    against the floor measured beside it (empty without the caller part)."""
+    caller = _part(results, "caller").get("conditions", {})
+    if not caller:
+        return ""
+    paced, b2b = caller["healthy_paced"], caller["healthy_b2b"]
+    machine = results["machine"]
+    commit = (machine.get("source", {}).get("commit") or "unknown")[:7]
+    return (
+        f"Measured (commit {commit}, {machine['cpu_count']} CPUs): a tee call costs the "
+        "training thread "
+        f"{_g(paced['median_block_p50_us'])} µs p50 at trainer pace, x{paced['x_floor']:.2f} "
+        f"the floor `deque.append(dict(d))` at that pace ("
+        f"{_g(caller['floor_paced']['median_block_p50_us'])} µs, caches as cold), and "
+        f"{_g(b2b['median_block_p50_us'])} µs back to back, x{b2b['x_floor']:.2f} its floor ("
+        f"{_g(caller['floor']['median_block_p50_us'])} µs).\n"
+    )
+
+
+def block(readme: str, start_marker: str = START, end_marker: str = END) -> str:
     """The text between the markers (the generated table), or ValueError without them."""
-    start, end = readme.find(START), readme.find(END)
+    start, end = readme.find(start_marker), readme.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no {START} ... {END} block")
-    return readme[start + len(START) : end].lstrip("\n")
+        raise ValueError(f"the README has no {start_marker} ... {end_marker} block")
+    return readme[start + len(start_marker) : end].lstrip("\n")
 
 
-def replace(readme: str, table: str) -> str:
+def replace(readme: str, table: str, start_marker: str = START, end_marker: str = END) -> str:
     """``readme`` with its marked block replaced by ``table``."""
-    block(readme)  # the markers exist, in order
-    start, end = readme.find(START), readme.find(END)
-    return readme[: start + len(START)] + "\n" + table + readme[end:]
+    block(readme, start_marker, end_marker)  # the markers exist, in order
+    start, end = readme.find(start_marker), readme.find(end_marker)
+    return readme[: start + len(start_marker)] + "\n" + table + readme[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     if results.get("config", {}).get("quick"):
         print(f"{args.results} is a --quick run: the README is left as it is", file=sys.stderr)
         return 1
-    text = args.readme.read_text()
-    args.readme.write_text(replace(text, render(results)))
+    text = replace(args.readme.read_text(), render(results))
+    text = replace(text, headline(results), HEADLINE_START, HEADLINE_END)
+    args.readme.write_text(text)
     print(f"rewrote the benchmark summary in {args.readme}")
     return 0
 

@@ -311,6 +311,13 @@ def test_readme_benchmark_table_is_generated_from_latest_json():
         "the README's benchmark table is not render(latest.json): "
         "run `python benchmarks/summary.py`"
     )
+    first_screen = summary.block(README.read_text(), summary.HEADLINE_START, summary.HEADLINE_END)
+    assert first_screen == summary.headline(results), (
+        "the README's first-screen figures are not headline(latest.json): "
+        "run `python benchmarks/summary.py`"
+    )
+    assert "at trainer pace" in first_screen
+    assert "back to back" in first_screen
 
 
 def _github_anchor(heading: str) -> str:
