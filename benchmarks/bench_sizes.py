@@ -17,8 +17,8 @@ figures then understate, if anything, what filtering saves.
 The variants, the same call ``tee_rl_metrics_to_otel(d, "train", step)``:
 
 - ``filtered``: the shipped behaviour: a ``train`` dict, whatever its size, is snapshotted
-  to the keys the worker reads from it (``async_tee._handoff.caller._SNAPSHOT_KEYS["train"]``,
-  set by the session), so a queued dict keeps no unread value alive;
+  to the keys the worker reads from it (``async_tee._caller._SNAPSHOT_KEYS["train"]``, a
+  tuple, set by the session), so a queued dict keeps no unread value alive;
 - ``whole``: the behaviour before, every dict copied with ``dict(metrics)``:
   ``_SNAPSHOT_KEYS["train"]`` is set to None (copied whole) and ``_handoff.caller._WHOLE_UP_TO``
   to ``10**12`` (no key left out) for that block, inside its session, and both are
@@ -144,15 +144,14 @@ def padded_dict(size: int, values: str) -> dict[str, Any]:
 def snapshot_rule(variant: str) -> Iterator[tuple[str, ...]]:
     """The running session's tee snapshotting ``train`` dicts as ``variant`` does.
 
-    ``filtered``: the session's own rule, checked to be read keys (a list: the keys, each to
-    itself, their absents, the last shape); ``whole``:
+    ``filtered``: the session's own rule, checked to be a key tuple; ``whole``:
     ``_SNAPSHOT_KEYS["train"]`` None and ``_WHOLE_UP_TO`` unbounded, both restored after.
     Yields the session's (shipped) ``train`` keys. Only inside a session: starting one
     re-attaches the caller, replacing both knobs.
     """
     keys = _caller._SNAPSHOT_KEYS
     shipped, whole_up_to = keys.get(PREFIX), _caller._WHOLE_UP_TO
-    if _caller.attached() is None or not isinstance(shipped, list):
+    if _caller.attached() is None or not isinstance(shipped, tuple):
         raise RuntimeError(f"no session snapshotting {PREFIX!r} dicts to keys: {shipped!r}")
     if variant == "whole":
         keys[PREFIX] = None
@@ -284,10 +283,8 @@ def item_bytes(d: dict[str, Any]) -> int:
     """``sys.getsizeof`` of one queued item as the tee builds it now (values not counted)."""
     keys, whole_up_to = _caller._SNAPSHOT_KEYS[PREFIX], _caller._WHOLE_UP_TO
     snapshot: Any
-    if keys is not None:  # the read keys present, as a dict of the last shape gives them
-        shape = keys[3]
-        present = shape[0] if shape is not None else keys[0]
-        snapshot = (present, tuple(map(d.get, present)))
+    if keys is not None:
+        snapshot = (keys[0], tuple(map(d.get, keys[0], keys[2])))
     elif len(d) <= whole_up_to:
         snapshot = dict(d)
     else:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from itertools import islice
-from operator import itemgetter
 from time import monotonic_ns
 from typing import Any, TypeAlias
 
@@ -43,15 +42,9 @@ _NOT_TEED: Any = object()  # what _SNAPSHOT_KEYS.get returns for a prefix the se
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
 # For each prefix the running session reads, the keys a snapshot of its dicts keeps, as a
-# tuple, as a map from each key to itself and as as many ABSENTs, and the last plain dict's
-# shape (None: the whole dict, up to _WHOLE_UP_TO keys): written with _QUEUE, before it; the
-# shape slot is rewritten by callers (one list store, no lock: a race only relearns).
-Shape: TypeAlias = "tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]], frozenset[str]]"
-"""``(present, get_present, missing)``: which read keys the last plain dict of a prefix held,
-a C getter of their values, and the read keys it lacked."""
-ReadKeys: TypeAlias = "list[Any]"
-"""``[read, canonical, absents, shape]``: the read keys, each key to itself, as many
-:data:`ABSENT` s, and the prefix's last :data:`Shape` (None until a dict was read)."""
+# tuple, as a map from each key to itself and as as many ABSENTs (None: the whole dict, up
+# to _WHOLE_UP_TO keys): written with _QUEUE, before it.
+ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str], tuple[object, ...]]"
 _SNAPSHOT_KEYS: dict[str | None, ReadKeys | None] = dict.fromkeys(BUILT_IN_PREFIXES)
 _WHOLE_UP_TO = 512
 
@@ -73,9 +66,7 @@ def attach(
     """
     global _QUEUE, _SNAPSHOT_KEYS, _WHOLE_UP_TO
     _SNAPSHOT_KEYS = {
-        prefix: None
-        if keys is None
-        else [keys, {key: key for key in keys}, (ABSENT,) * len(keys), None]
+        prefix: None if keys is None else (keys, {key: key for key in keys}, (ABSENT,) * len(keys))
         for prefix, keys in (snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES)).items()
     }
     _WHOLE_UP_TO = whole_up_to
@@ -128,7 +119,7 @@ def tee_rl_metrics_to_otel(
             if step_finished:
                 queue.put((None, "", step, True, monotonic_ns()))
             return
-        snapshot: dict[Any, Any] | PickedValues | None
+        snapshot: dict[Any, Any] | PickedValues
         if keys is None:  # a family reads every key: the whole dict, up to a bound
             if len(metrics) <= _WHOLE_UP_TO:
                 snapshot = dict(metrics)
@@ -136,30 +127,16 @@ def tee_rl_metrics_to_otel(
                 snapshot = dict(islice(metrics.items(), _WHOLE_UP_TO))
                 snapshot[LEFT_OUT] = len(metrics) - _WHOLE_UP_TO
         else:  # only the keys a row reads: nothing else the dict holds stays alive
-            read, canonical, absent, shape = keys
+            read, canonical, absent = keys
             try:
-                snapshot = None
-                # A plain dict of the last one's shape (a trainer logs the same keys every
-                # step): its present keys in one C call, once none of its missing ones came.
-                if shape is not None and type(metrics) is dict:
-                    try:
-                        if metrics.keys().isdisjoint(shape[2]):
-                            snapshot = (shape[0], shape[1](metrics))
-                    except KeyError:  # a present key went: read them all, learn again
-                        pass
-                if snapshot is not None:
-                    pass
-                elif len(metrics) < len(read):  # walk the smaller: here the dict
+                if len(metrics) < len(read):  # walk the smaller: here the dict
                     snapshot = {
                         key: value
                         for given, value in metrics.items()
                         if (key := canonical.get(given)) is not None
                     }
                 else:  # here the read keys, in C: one get each, no dict built
-                    values = tuple(map(metrics.get, read, absent))
-                    snapshot = (read, values)
-                    if type(metrics) is dict:
-                        keys[3] = _shape(read, values)
+                    snapshot = (read, tuple(map(metrics.get, read, absent)))
             except Exception:
                 if not isinstance(metrics, dict):
                     raise  # a mapping that fails to be read: a failed snapshot
@@ -168,20 +145,6 @@ def tee_rl_metrics_to_otel(
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")
-
-
-def _shape(read: tuple[str, ...], values: tuple[Any, ...]) -> Shape:
-    """The :data:`Shape` of a dict whose values at ``read`` are ``values``."""
-    present = tuple(key for key, value in zip(read, values, strict=True) if value is not ABSENT)
-    get: Callable[[Any], tuple[Any, ...]]
-    if len(present) > 1:
-        get = itemgetter(*present)
-    elif present:
-        (only,) = present
-        get = lambda metrics: (metrics[only],)  # noqa: E731 - itemgetter of one key is no tuple
-    else:
-        get = lambda metrics: ()  # noqa: E731
-    return present, get, frozenset(read).difference(present)
 
 
 def as_dict(metrics: dict[Any, Any] | PickedValues) -> dict[Any, Any]:

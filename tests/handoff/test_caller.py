@@ -66,9 +66,8 @@ SMALL = ("a", "b", "c", "d", "e", "f")
     )
 )
 def test_a_dict_of_the_last_shape_or_another_snapshots_exactly_its_read_keys(shapes):
-    """The caller reads a dict of the last plain dict's shape by that shape (its present keys
-    in one call) and any other dict afresh: a key that came or went in between is never
-    missed nor kept, whatever the order of shapes."""
+    """Whatever the order of shapes a prefix's dicts come in (a trainer logs ``train`` twice a
+    step with other keys), a key that came or went in between is never missed nor kept."""
     queue: DropOldestQueue[Any] = DropOldestQueue(64)
     _caller.attach(queue, {"train": SMALL})
     try:
@@ -82,8 +81,8 @@ def test_a_dict_of_the_last_shape_or_another_snapshots_exactly_its_read_keys(sha
 
 
 def test_a_dict_subclass_is_read_without_being_changed():
-    """A ``defaultdict`` is never read by the shape of an earlier plain dict: indexing one of
-    its missing keys would add it to the trainer's dict."""
+    """A ``defaultdict`` is read without indexing a key it lacks, which would add the key to
+    the trainer's dict."""
     queue: DropOldestQueue[Any] = DropOldestQueue(8)
     _caller.attach(queue, {"train": SMALL})
     try:
