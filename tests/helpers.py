@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -74,6 +75,29 @@ def tee_fixture_steps(steps: int) -> int:
         for call in calls:
             async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], step)
     return steps * len(calls)
+
+
+RANK_PROCESS = Path(__file__).parent / "rank_process.py"
+"""One rank of a launched job (``tests/rank_process.py``), as the multi-rank tests start it."""
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "OTEL_")
+
+
+def environ_without_launcher() -> dict[str, str]:
+    """This process's environment without a launcher's rank variables or any ``OTEL_*``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
+
+
+def stop_stepping(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
+    """Tell each rank process to stop stepping; its report (a JSON line) by key."""
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+    reports = {}
+    for key, proc in procs.items():
+        assert proc.stdout is not None
+        reports[key] = json.loads(proc.stdout.readline())
+    return reports
 
 
 def end_ranks(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import end_ranks
+from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
 
 from async_tee import alerts, stack
 from async_tee._declare.prometheus_names import prometheus_sample_names
@@ -38,14 +38,12 @@ from servers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
-RANK_PROCESS = Path(__file__).parents[1] / "rank_process.py"
 RUNS = {"run-a": 0.0, "run-b": 100.0}  # each run's reward offset: its values are its own
 RANKS = 2
-_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "OTEL_")
 
 
 def rank_env(running: RunningStack, run: str, rank: int, base: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
+    env = environ_without_launcher()
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -73,19 +71,6 @@ def start_rank(env: dict[str, str], log: Path, *argv: str) -> subprocess.Popen[s
             stderr=err,
             text=True,
         )
-
-
-def stop_stepping(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
-    """Tell each rank to stop stepping; its report (a JSON line) by key."""
-    for proc in procs.values():
-        assert proc.stdin is not None
-        proc.stdin.write("stop\n")
-        proc.stdin.flush()
-    reports = {}
-    for key, proc in procs.items():
-        assert proc.stdout is not None
-        reports[key] = json.loads(proc.stdout.readline())
-    return reports
 
 
 def _labels_of(rows: list[dict[str, Any]], label: str) -> set[str]:

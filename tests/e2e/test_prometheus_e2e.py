@@ -9,8 +9,6 @@ query of the generated dashboard returns data from them.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import end_ranks, load_calls
+from helpers import (
+    RANK_PROCESS,
+    end_ranks,
+    environ_without_launcher,
+    load_calls,
+    stop_stepping,
+)
 
 import async_tee
 import servers
@@ -136,14 +140,11 @@ FAMILIES = {
     },
 }
 RANKS = 4
-RANK_PROCESS = Path(__file__).parents[1] / "rank_process.py"
-_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI_", "OTEL_")
 
 
 def _rank_env(family: str, rank: int, base: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
     return {
-        **env,
+        **environ_without_launcher(),
         **FAMILIES[family](rank),
         "OTEL_METRICS_EXPORTER": "prometheus",
         # The base for the whole job, as a launcher's environment carries it: no rank is
@@ -188,14 +189,7 @@ def test_every_rank_of_every_launcher_family_is_scraped_under_its_own_rank(tmp_p
                 lambda r: r and float(r[0]["value"][1]) == 12,
             )
             assert rates_filled, "rates over 1m never covered every rank's steps"
-            reports = {}
-            for proc in procs.values():
-                assert proc.stdin is not None
-                proc.stdin.write("stop\n")
-                proc.stdin.flush()
-            for key, proc in procs.items():
-                assert proc.stdout is not None
-                reports[key] = json.loads(proc.stdout.readline())
+            reports = stop_stepping(procs)
 
             for (family, rank), report in reports.items():
                 assert report["rank"] == rank
