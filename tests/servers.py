@@ -44,12 +44,17 @@ def build_servers() -> None:
     subprocess.run([str(BUILD)], check=True, stdout=subprocess.DEVNULL)
 
 
+_BUILT: dict[str, str] = {}  # the paths, once every binary was found (a build only adds)
+
+
 def built() -> dict[str, str] | None:
     """Each built binary's path by name, or None while any is missing."""
-    if subprocess.run([str(BUILD), "--check"], check=False).returncode != 0:
-        return None
-    out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    if not _BUILT:
+        if subprocess.run([str(BUILD), "--check"], check=False).returncode != 0:
+            return None
+        out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True).stdout
+        _BUILT.update(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return _BUILT
 
 
 def binary(name: str) -> str:
