@@ -53,7 +53,7 @@ def built() -> dict[str, str] | None:
         if subprocess.run([str(BUILD), "--check"], check=False).returncode != 0:
             return None
         out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True).stdout
-        _BUILT.update(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        _BUILT.update(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
     return _BUILT
 
 
