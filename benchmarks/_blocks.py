@@ -215,22 +215,17 @@ def worker_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str
     return handle.consumer.recorder.tee
 
 
-def seed_shape_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:
-    """The original tee's recording: map, then one SDK synchronous instrument call per value.
-
-    Instruments are created once per session, under a ``seed.`` prefix so they cannot clash
-    with the pipeline's own on the same meter; counters get ``add``, everything else ``set``.
-    """
-    meter = handle.meter
-    if meter is None:
-        raise RuntimeError("the session has no meter")
+def seed_recorder(meter: Any, prefix: str = "") -> Callable[[dict[str, Any], str, int], None]:
+    """The original tee's recording on ``meter``: map, then one SDK synchronous instrument
+    call per value. Instruments are created once, named ``prefix`` + the series' name;
+    counters get ``add``, everything else ``set``."""
     record: dict[str, Callable[..., None]] = {}
     for row in teed_metrics():
         if row.kind == "counter":
-            record[row.key] = meter.create_counter(f"seed.{row.name}", unit=row.unit).add
+            record[row.key] = meter.create_counter(f"{prefix}{row.name}", unit=row.unit).add
         else:
-            record[row.key] = meter.create_gauge(f"seed.{row.name}", unit=row.unit).set
-    efficiency = meter.create_gauge("seed.rl.efficiency.seconds", unit="s").set
+            record[row.key] = meter.create_gauge(f"{prefix}{row.name}", unit=row.unit).set
+    efficiency = meter.create_gauge(f"{prefix}rl.efficiency.seconds", unit="s").set
     attributes = {
         category: dict(frozen.mapping)
         for category, frozen in efficiency_attributes(efficiency_categories()).items()
@@ -243,6 +238,15 @@ def seed_shape_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any],
             efficiency(seconds, attributes[category])
 
     return tee
+
+
+def seed_shape_recorder(handle: async_tee.Pipeline) -> Callable[[dict[str, Any], str, int], None]:
+    """:func:`seed_recorder` on the session's meter, under a ``seed.`` prefix so that its
+    instruments cannot clash with the pipeline's own."""
+    meter = handle.meter
+    if meter is None:
+        raise RuntimeError("the session has no meter")
+    return seed_recorder(meter, "seed.")
 
 
 # The rows every latency table shares: the tee on a healthy pipeline, the floor, the inline

@@ -90,6 +90,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
+from _blocks import seed_recorder
 from _common import (
     FIXTURE,
     bench_parser,
@@ -329,37 +330,6 @@ def _step_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return {"exports_by_trigger": stats["exports_by_trigger"], "steps": stats["steps"]}
 
 
-def _seed_recorder(meter: Any) -> Any:
-    """The seed's tee on a plain meter: map each dict, one SDK instrument call per value."""
-    from async_tee._worker.mapping import (
-        efficiency_attributes,
-        map_efficiency_seconds,
-        map_teed_scalars,
-    )
-    from async_tee.vocabulary import efficiency_categories, teed_metrics
-
-    record = {
-        row.key: (meter.create_counter if row.kind == "counter" else meter.create_gauge)(
-            row.name, unit=row.unit
-        )
-        for row in teed_metrics()
-    }
-    efficiency = meter.create_gauge("rl.efficiency.seconds", unit="s")
-    attributes = {
-        category: dict(frozen.mapping)
-        for category, frozen in efficiency_attributes(efficiency_categories()).items()
-    }
-
-    def tee(call: Call, step: int) -> None:
-        for key, value in map_teed_scalars(call.metrics).items():
-            instrument = record[key]
-            (instrument.add if hasattr(instrument, "add") else instrument.set)(value)
-        for category, seconds in map_efficiency_seconds(call.metrics, attributes).items():
-            efficiency.set(seconds, attributes[category])
-
-    return tee
-
-
 def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
     """The baseline: no async_tee; the OTel SDK records the same series inline (the seed's
     way) and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step."""
@@ -371,7 +341,11 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
     exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=step_s * 1000)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
-    tee = _seed_recorder(provider.get_meter("seed"))
+    record = seed_recorder(provider.get_meter("seed"))
+
+    def tee(call: Call, step: int) -> None:
+        record(call.metrics, call.prefix, step)
+
     period = round(step_s * 1e9)
     try:
         reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
