@@ -20,7 +20,7 @@ def test_each_path_writes_its_files_and_sets_what_it_needs(path, tmp_path, capsy
     assert cli.main(["stack", "--output", str(tmp_path), "--path", path]) == 0
     assert f"for the {path} path" in capsys.readouterr().out
     written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
-    collector = path in ("collector", "remote-write")
+    collector = path in stack.COLLECTOR_PATHS
     assert ("otelcol.yaml" in written) is collector
     assert {"prometheus.yml", "rules.yml", "compose.yaml", "ranks.env"} <= written
     prometheus = (tmp_path / "prometheus.yml").read_text()
