@@ -134,7 +134,9 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, what: s
 
 
 @contextlib.contextmanager
-def _server(argv: list[str], port: int, log: Path, what: str) -> Iterator[int]:
+def server(argv: list[str], port: int, log: Path, what: str) -> Iterator[int]:
+    """Run ``argv`` (its output to ``log``) until the block ends; yields its pid once ``port``
+    listens. Raises ``RuntimeError`` with the log's tail if it exits or never listens."""
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -207,7 +209,7 @@ def run_stack(
     pids: dict[str, int] = {}
     with contextlib.ExitStack() as running:
         pids["prometheus"] = running.enter_context(
-            _server(
+            server(
                 [
                     prometheus or binary("prometheus"),
                     f"--config.file={folder / 'prometheus.yml'}",
@@ -223,7 +225,7 @@ def run_stack(
         if "otelcol.yaml" in files:
             grpc = int(at.collector_otlp_grpc.rsplit(":", 1)[1])
             pids["otelcol"] = running.enter_context(
-                _server(
+                server(
                     [binary("otelcol"), f"--config={folder / 'otelcol.yaml'}"],
                     grpc,
                     folder / "otelcol.log",

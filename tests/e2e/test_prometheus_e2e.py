@@ -33,39 +33,23 @@ pytestmark = pytest.mark.servers
 
 
 @contextlib.contextmanager
-def run_prometheus(
-    tmp_path: Path, jobs: dict[str, list[int]], rules: str | None = None
-) -> Iterator[int]:
-    """A real Prometheus scraping each job's ports every second; yields its web port.
-
-    ``rules``: a rules file's text, evaluated every second.
-    """
+def run_prometheus(tmp_path: Path, jobs: dict[str, list[int]]) -> Iterator[int]:
+    """A real Prometheus 3 scraping each job's ports every second; yields its web port."""
     web = free_port()
     config = tmp_path / "prometheus.yml"
-    lines = ["global:", "  scrape_interval: 1s", "  evaluation_interval: 1s"]
-    if rules is not None:
-        (tmp_path / "rules.yml").write_text(rules)
-        lines += ["rule_files:", f"  - {tmp_path / 'rules.yml'}"]
-    lines += ["scrape_configs:"]
+    lines = ["global:", "  scrape_interval: 1s", "scrape_configs:"]
     for job, ports in jobs.items():
         targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
     config.write_text("\n".join(lines) + "\n")
-    proc = subprocess.Popen(
-        [
-            servers.binary("prometheus"),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    argv = [
+        servers.binary("prometheus"),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{web}",
+    ]
+    with servers.server(argv, web, tmp_path / "prometheus.log", "prometheus"):
         yield web
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
