@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import islice
+from operator import itemgetter
 from time import monotonic_ns
 from typing import Any, TypeAlias
 
@@ -41,12 +42,16 @@ _NOT_TEED: Any = object()  # what _SNAPSHOT_KEYS.get returns for a prefix the se
 # The running session's queue, or None: the tee's only gate (one global read). Written
 # only by the session's start, shutdown and after-fork code, never by the caller.
 _QUEUE: DropOldestQueue[Snapshot] | None = None
+# A dict shape the caller has seen for a prefix, by the dict's length: the read keys it
+# had (two or more), the read keys it lacked, and one itemgetter of the first.
+Shape: TypeAlias = "tuple[tuple[str, ...], tuple[str, ...], Any]"
 # For each prefix the running session reads, the keys a snapshot of its dicts keeps, as a
-# tuple, as a map from each key to itself and as as many ABSENTs (None: the whole dict, up
-# to _WHOLE_UP_TO keys): written with _QUEUE, before it.
-ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str], tuple[object, ...]]"
+# tuple, as a map from each key to itself and as as many ABSENTs, and the shapes seen so far
+# (None: the whole dict, up to _WHOLE_UP_TO keys): written with _QUEUE, before it.
+ReadKeys: TypeAlias = "tuple[tuple[str, ...], dict[str, str], tuple[object, ...], dict[int, Shape]]"
 _SNAPSHOT_KEYS: dict[str | None, ReadKeys | None] = dict.fromkeys(BUILT_IN_PREFIXES)
 _WHOLE_UP_TO = 512
+_SHAPES_PER_PREFIX = 8
 
 
 def attach(
@@ -66,7 +71,9 @@ def attach(
     """
     global _QUEUE, _SNAPSHOT_KEYS, _WHOLE_UP_TO
     _SNAPSHOT_KEYS = {
-        prefix: None if keys is None else (keys, {key: key for key in keys}, (ABSENT,) * len(keys))
+        prefix: None
+        if keys is None
+        else (keys, {key: key for key in keys}, (ABSENT,) * len(keys), {})
         for prefix, keys in (snapshot_keys or dict.fromkeys(BUILT_IN_PREFIXES)).items()
     }
     _WHOLE_UP_TO = whole_up_to
@@ -127,24 +134,67 @@ def tee_rl_metrics_to_otel(
                 snapshot = dict(islice(metrics.items(), _WHOLE_UP_TO))
                 snapshot[LEFT_OUT] = len(metrics) - _WHOLE_UP_TO
         else:  # only the keys a row reads: nothing else the dict holds stays alive
-            read, canonical, absent = keys
-            try:
-                if len(metrics) < len(read):  # walk the smaller: here the dict
-                    snapshot = {
-                        key: value
-                        for given, value in metrics.items()
-                        if (key := canonical.get(given)) is not None
-                    }
-                else:  # here the read keys, in C: one get each, no dict built
-                    snapshot = (read, tuple(map(metrics.get, read, absent)))
-            except Exception:
-                if not isinstance(metrics, dict):
-                    raise  # a mapping that fails to be read: a failed snapshot
-                snapshot = _careful_snapshot(metrics, read)  # a key whose __eq__ raises
-        queue.put((snapshot, prefix or "", step, step_finished, monotonic_ns()))
+            snapshot = None  # type: ignore[assignment]
+            shape = keys[3].get(len(metrics)) if type(metrics) is dict else None
+            if shape is not None:
+                # A shape seen before (a prefix's dicts come in a few): its read keys all
+                # there and its lacked ones absent, checked without raising, then its
+                # values read by one C call.
+                present, lacked, get = shape
+                try:
+                    if metrics.keys().isdisjoint(lacked):
+                        snapshot = (present, get(metrics))
+                except Exception:  # noqa: BLE001 - a key gone (KeyError), or one that raises
+                    pass
+            if snapshot is None:
+                snapshot = _picked(metrics, keys)
+        # DropOldestQueue.put, inlined: one Python call less on every teed dict.
+        item = (snapshot, prefix or "", step, step_finished, monotonic_ns())
+        queue.extend(zip((item,), queue.counter))  # noqa: B905 - strict= is the slow path
+        if len(queue.items) >= queue.high_water and not queue.wake_asked:
+            queue.ask_wake()
     except Exception:  # noqa: BLE001 - never raise into training
         queue.caller_errors += 1
         warn_once("tee", "async_tee: tee_rl_metrics_to_otel failed; dict dropped")
+
+
+def _picked(metrics: Mapping[Any, Any], keys: ReadKeys) -> dict[Any, Any] | PickedValues:
+    """The snapshot of a dict whose shape is not known: each read key looked up.
+
+    Walks the smaller of the dict and the read keys; learns the shape of a plain dict.
+
+    Raises:
+        Exception: A mapping that is not a dict failed to be read (a failed snapshot).
+    """
+    read, canonical, absent, shapes = keys
+    try:
+        if len(metrics) < len(read):  # walk the smaller: here the dict
+            return {
+                key: value
+                for given, value in metrics.items()
+                if (key := canonical.get(given)) is not None
+            }
+        values = tuple(map(metrics.get, read, absent))  # the read keys, in C: no dict built
+    except Exception:
+        if not isinstance(metrics, dict):
+            raise
+        return _careful_snapshot(metrics, read)  # a key whose __eq__ or __hash__ raises
+    if type(metrics) is dict:
+        _learn(shapes, len(metrics), read, values)
+    return (read, values)
+
+
+def _learn(
+    shapes: dict[int, Shape], length: int, read: tuple[str, ...], values: tuple[Any, ...]
+) -> None:
+    """Keep the shape of a dict of ``length`` keys whose read keys gave ``values``."""
+    present = tuple(key for key, value in zip(read, values, strict=True) if value is not ABSENT)
+    if len(present) < 2:  # itemgetter of one key returns the value, not a tuple
+        return
+    if len(shapes) >= _SHAPES_PER_PREFIX:
+        shapes.clear()  # bounded: the shapes in use are learned again
+    lacked = tuple(key for key, value in zip(read, values, strict=True) if value is ABSENT)
+    shapes[length] = (present, lacked, itemgetter(*present))
 
 
 def as_dict(metrics: dict[Any, Any] | PickedValues) -> dict[Any, Any]:

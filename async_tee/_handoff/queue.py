@@ -28,6 +28,7 @@ class DropOldestQueue(Generic[T]):
         "high_water",
         "items",
         "on_high_water",
+        "wake_asked",
     )
 
     def __init__(self, capacity: int, high_water: int | None = None) -> None:
@@ -50,6 +51,9 @@ class DropOldestQueue(Generic[T]):
         # Bound once, so a producer's hot path is attribute loads and one C call.
         self.extend: Callable[[Any], None] = self.items.extend
         self.on_high_water: Callable[[], None] = _nothing
+        # Set by the put that calls on_high_water, cleared by the worker when it wakes: a
+        # burst asks once, not on every put past high water (each ask is a Python call).
+        self.wake_asked = False
         # Puts that failed on the caller's side (the snapshot could not be taken): counted
         # by the caller's except clause, so the hand-off accounts for every call.
         self.caller_errors = 0
@@ -57,8 +61,13 @@ class DropOldestQueue(Generic[T]):
     def put(self, item: T) -> None:
         """Append ``item``, dropping the oldest if full. Never blocks; safe from any thread."""
         self.extend(zip((item,), self.counter))  # noqa: B905 - strict= is the slow path
-        if len(self.items) >= self.high_water:
-            self.on_high_water()
+        if len(self.items) >= self.high_water and not self.wake_asked:
+            self.ask_wake()
+
+    def ask_wake(self) -> None:
+        """Call ``on_high_water`` once until the worker says it woke (``wake_asked``)."""
+        self.wake_asked = True
+        self.on_high_water()
 
     def __len__(self) -> int:
         return len(self.items)

@@ -194,6 +194,7 @@ class Worker:
             gil.start()  # the GIL was just taken back: a new slice of work begins
             timer.cancel()
             self._wake_pending = False
+            self.queue.wake_asked = False  # the next burst may ask again
 
     def next_sleep(self, sleep: float, found: int, slept: float) -> float:
         """How long to sleep before the next drain, given what this one found.

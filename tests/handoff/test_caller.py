@@ -80,6 +80,22 @@ def test_a_dict_of_the_last_shape_or_another_snapshots_exactly_its_read_keys(sha
         _caller.attach(None)
 
 
+def test_the_shapes_kept_for_a_prefix_are_bounded():
+    queue: DropOldestQueue[Any] = DropOldestQueue(64)
+    _caller.attach(queue, {"train": SMALL})
+    try:
+        # A new length every call, each at least the read keys' (a smaller dict is walked).
+        for unread in range(len(SMALL), len(SMALL) + 3 * _caller._SHAPES_PER_PREFIX):
+            metrics: dict[str, Any] = {"a": 1.0, "b": 2.0}
+            metrics.update({f"unread_{i}": 0.0 for i in range(unread)})
+            _caller.tee_rl_metrics_to_otel(metrics, "train", unread)
+            assert _snapshot(queue) == {"a": 1.0, "b": 2.0}
+            shapes = _caller._SNAPSHOT_KEYS["train"][3]  # type: ignore[index]
+            assert 0 < len(shapes) <= _caller._SHAPES_PER_PREFIX
+    finally:
+        _caller.attach(None)
+
+
 def test_a_dict_subclass_is_read_without_being_changed():
     """A ``defaultdict`` is read without indexing a key it lacks, which would add the key to
     the trainer's dict."""

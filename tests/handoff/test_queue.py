@@ -36,14 +36,17 @@ def test_pop_batch_respects_its_limit():
     assert [seq for _, seq in queue.pop_batch(10)] == [2, 3, 4]
 
 
-def test_high_water_callback_fires_from_put():
+def test_high_water_asks_for_a_wake_once_until_the_worker_wakes():
     fired = []
     queue: DropOldestQueue[int] = DropOldestQueue(8)
     assert queue.high_water == 6
     queue.on_high_water = lambda: fired.append(len(queue))
     for item in range(7):
         queue.put(item)
-    assert fired == [6, 7]
+    assert fired == [6]  # once a burst, not on every put past high water
+    queue.wake_asked = False  # the worker woke
+    queue.put(7)
+    assert fired == [6, 8]
 
 
 def test_capacity_must_be_positive():

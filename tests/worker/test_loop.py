@@ -91,3 +91,33 @@ def test_what_is_left_after_a_stop_is_counted_as_shutdown(queue, worker, seen):
 def test_the_timer_sleeps_until_a_batch_worth_a_wake_is_due(capacity, found, slept, expected):
     worker = Worker(DropOldestQueue(capacity), Consumer(), 0.05, trickle_interval_s=1.0)
     assert worker.next_sleep(0.05, found, slept) == pytest.approx(expected)
+
+
+def test_each_burst_wakes_the_sleeping_worker_once(seen):
+    """High water wakes a worker that sleeps a minute, and again on the next burst: the
+    queue's ask is cleared when the worker wakes, not left set."""
+    import threading
+
+    queue: DropOldestQueue[tuple[int, int]] = DropOldestQueue(8)  # high water: 6
+    drained = threading.Event()
+
+    class Seen(Consumer):
+        def process(self, item: tuple[int, int]) -> None:
+            seen.append(item[0])
+            if len(seen) % 6 == 0:
+                drained.set()
+
+    asks = []
+    worker = Worker(queue, Seen(), LONG_S)
+    assert worker.start()
+    queue.on_high_water = lambda: (asks.append(len(queue)), worker.wake())
+    try:
+        for burst in range(2):
+            drained.clear()
+            for value in range(6):
+                queue.put((burst * 6 + value, 0))
+            assert drained.wait(5), f"burst {burst} did not wake the worker"
+        assert seen == list(range(12))
+        assert asks == [6, 6]  # one ask a burst
+    finally:
+        worker.stop(5)
