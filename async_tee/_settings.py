@@ -26,6 +26,7 @@ class LauncherRanks:
 
 
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"  # "/v1/metrics" appended
 DEFAULT_PROMETHEUS_PORT = 9464
 
 
@@ -42,8 +43,8 @@ class Settings:
     step_export: bool = True
     min_export_interval_s: float = 1.0
     exporters: tuple[str, ...] = ("otlp",)
-    otlp_protocol: str = "grpc"
-    otlp_endpoint: str = DEFAULT_GRPC_ENDPOINT
+    otlp_protocol: str = "http/protobuf"  # the OTel specification's default
+    otlp_endpoint: str = DEFAULT_HTTP_ENDPOINT + "/v1/metrics"
     otlp_headers: tuple[tuple[str, str], ...] = ()
     encoder: str = "tables"
     otlp_timeout_s: float = 10.0

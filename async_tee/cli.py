@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="simulate a GRPO run, export it over OTLP, and report what arrived and its cost",
         description="Simulate a GRPO training run logged through async_tee.Logger, export "
-        "it over OTLP/gRPC to an embedded sink (or to OTEL_EXPORTER_OTLP_ENDPOINT when set), "
+        "it over OTLP/HTTP to an embedded sink (or to OTEL_EXPORTER_OTLP_ENDPOINT when set), "
         "and report the series received and the caller-side cost. Progress, and async_tee's "
         "INFO log lines (the effective configuration), go to stderr.",
     )

@@ -9,11 +9,17 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from async_tee._export.exporters import EXPORTER_KINDS
 from async_tee._reporting import warn_once
-from async_tee._settings import DEFAULT_GRPC_ENDPOINT, DEFAULT_PROMETHEUS_PORT, LauncherRanks
+from async_tee._settings import (
+    DEFAULT_GRPC_ENDPOINT,
+    DEFAULT_HTTP_ENDPOINT,
+    DEFAULT_PROMETHEUS_PORT,
+    LauncherRanks,
+    redact_url,
+)
 from async_tee._settings import Settings as Settings
 
 ASYNC_TEE_ENABLED = "ASYNC_TEE_ENABLED"
@@ -94,9 +100,8 @@ RUN_ID_ATTRIBUTE = "rl.run.id"
 
 EXPORTERS = (*EXPORTER_KINDS, "none")
 """What ``OTEL_METRICS_EXPORTER`` may name: each exporter of the table, or ``none``."""
-PROTOCOLS = ("grpc", "http/protobuf")
+PROTOCOLS = ("http/protobuf", "grpc")
 COMPRESSIONS = ("none", "gzip", "deflate")
-DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 
 # Python's OTLP exporters read the timeout in seconds where the OTel spec says
 # milliseconds, so a spec-style "10000" would mean 2.8 hours: a value this large is taken
@@ -225,6 +230,21 @@ def _protocol(environ: Mapping[str, str]) -> str:
 
 
 def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
+    endpoint = _endpoint_of(environ, protocol)
+    defaulted = _first(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
+    if protocol != "grpc" and defaulted is None and _port_of(endpoint) == 4317:
+        # The Python SDK's otlp exporter defaults to gRPC: its users point at 4317.
+        warn_once(
+            "env:otlp-grpc-port",
+            "async_tee: exporting OTLP/HTTP (the default protocol, as in the OTel "
+            "specification) to %s, the OTLP/gRPC port 4317: every export will fail. Set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or use the collector's OTLP/HTTP port, 4318",
+            redact_url(endpoint),
+        )
+    return endpoint
+
+
+def _endpoint_of(environ: Mapping[str, str], protocol: str) -> str:
     specific = _first(environ, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
     if specific is not None:
         return specific[1]  # used as is, per the OTel spec
@@ -233,6 +253,13 @@ def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
         return general[1] if general else DEFAULT_GRPC_ENDPOINT
     base = general[1] if general else DEFAULT_HTTP_ENDPOINT
     return base.rstrip("/") + "/v1/metrics"
+
+
+def _port_of(url: str) -> int | None:
+    try:
+        return urlsplit(url.strip()).port
+    except ValueError:
+        return None
 
 
 def _headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

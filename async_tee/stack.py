@@ -217,9 +217,10 @@ def rank_environment(path: str, at: StackAddresses) -> dict[str, str]:
                 f"http://{at.ranks_reach}:{port}/api/v1/otlp/v1/metrics"
             ),
         }
-    port = _port(at.collector_otlp_grpc)
+    port = _port(at.collector_otlp_http)  # OTLP/HTTP, the default: the least CPU a rank spends
     return {
         "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{at.ranks_reach}:{port}",
     }
 

@@ -8,7 +8,7 @@
   distance to 1 is log-spaced), so the JSON stays small and the plot still shows p99.99.
 - **Receiver**: a real ``OtlpSink`` in another process (``_receiver.py``), so decoding
   exports never takes this process's GIL; ``--stall`` makes every export hang.
-- **Session**: the real ``start_telemetry`` exporting over OTLP/gRPC every
+- **Session**: the real ``start_telemetry`` exporting over OTLP/HTTP every
   ``EXPORT_INTERVAL_MS`` with a 1 s exporter timeout; the threads it reports
   (``Pipeline.threads``) are timed and joined, after a bounded shutdown and
   ``testing.reset`` so the next block starts clean.
@@ -187,7 +187,8 @@ class Receiver:
         if len(ports) != 2 or not all(port.isdigit() for port in ports):
             self.close()
             raise RuntimeError(f"receiver did not start (printed {line!r})")
-        self.port, self.http_port = int(ports[0]), int(ports[1])  # gRPC, OTLP/HTTP
+        self.grpc_port, self.http_port = int(ports[0]), int(ports[1])
+        self.port = self.http_port  # the default protocol's (OTLP/HTTP)
 
     def close(self) -> None:
         """Close its stdin and wait for it to exit; kill it after 5 s."""

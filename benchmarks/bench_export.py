@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/bench_export.py [--quick] [--out PATH]``
 
-A simulated training loop exports over OTLP/gRPC to a real ``OtlpSink`` in another process
+A simulated training loop exports over OTLP to a real ``OtlpSink`` in another process
 (``_receiver.py``, so decoding never takes this process's GIL). Each step logs the fixture's
 calls (``tests/fixtures/grpo_step.json``, key ``calls``) through ``async_tee.Logger()`` in
 the fixture's order, ``step_finished=True`` on ``timing/train`` (the ``ray`` call keeps
@@ -12,26 +12,27 @@ steps do not drift). The fixture's ``timing/setup`` call is logged once, at step
 Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
 ``shutdown_telemetry(10)``), the two modes of one step length back to back:
 
-- ``step``: ``ASYNC_TEE_STEP_EXPORT=1`` (the default), ``OTEL_METRIC_EXPORT_INTERVAL`` left
-  at its default (60 s), so every export is a step export: the worker collects at the step
-  boundary and the ``async-tee-export`` thread sends.
+- ``step``: OTLP/gRPC, ``ASYNC_TEE_STEP_EXPORT=1`` (the default),
+  ``OTEL_METRIC_EXPORT_INTERVAL`` left at its default (60 s), so every export is a step
+  export: the worker collects at the step boundary and the ``async-tee-export`` thread sends.
 - ``periodic``: ``ASYNC_TEE_STEP_EXPORT=0`` and ``OTEL_METRIC_EXPORT_INTERVAL`` = the step
   length, so it also exports about once per step; the exporting thread collects and sends.
 - ``sdk``: as ``step``, with ``ASYNC_TEE_ENCODER=sdk``: the request is built by the SDK's
   collection and encoding, the reference; ``step`` and ``periodic`` build it from
   async_tee's tables (``_export.table_encode``, the default: their ``collect`` column stays
   empty, the build being in the worker's or the exporting thread's CPU).
-- ``http``: as ``step``, over OTLP/HTTP (the receiver's HTTP port): sent through the SDK's
-  ``urllib3`` transport, as async_tee builds it; ``http-requests``: the same through the
+- ``http``: as ``step``, over OTLP/HTTP (the default protocol; the receiver's HTTP port):
+  sent through async_tee's ``http.client`` transport; ``http-requests``: the same through the
   ``requests`` session async_tee uses where a proxy variable applies (no gRPC thread in
   either: ``threads`` is the worker, the exporting thread and the receiver-less rest).
 - ``sdk-alone``: the baseline, no async_tee: the OTel SDK records the same series inline on
   the training thread, the seed's way (the same mapping, one synchronous instrument call per
-  value), and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step.
-  Only the whole process's and the training thread's CPU are measured; the ratio table gives
-  the process CPU per step of ``step`` (gRPC) and ``http`` over it.
+  value), and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step
+  (the Python SDK's ``otlp``); ``sdk-alone-http``: the same through the SDK's OTLP/HTTP
+  exporter. Only the whole process's and the training thread's CPU are measured; the ratio
+  table gives the process CPU per step of ``step`` (gRPC) and ``http`` over them.
 
-Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 2.3 min). ``--quick``: 2 steps
+Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 3 min). ``--quick``: 2 steps
 of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
@@ -111,10 +112,11 @@ from async_tee._export import http_session as _http_session
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-MODES = ("step", "periodic", "sdk", "http", "http-requests", "sdk-alone")
+MODES = ("step", "periodic", "sdk", "http", "http-requests", "sdk-alone", "sdk-alone-http")
 STEP_MODES = ("step", "sdk", "http", "http-requests")  # every export a step export
-HTTP_MODES = ("http", "http-requests")  # OTLP/HTTP: the urllib3 transport, or requests
-SDK_ALONE = "sdk-alone"  # no async_tee: the OTel SDK alone, the seed's way
+HTTP_MODES = ("http", "http-requests", "sdk-alone-http")  # OTLP/HTTP
+SDK_ALONE = "sdk-alone"  # no async_tee: the OTel SDK alone, the seed's way (OTLP/gRPC)
+SDK_ALONE_HTTP = "sdk-alone-http"  # the same over the SDK's OTLP/HTTP exporter
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
@@ -330,15 +332,25 @@ def _step_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return {"exports_by_trigger": stats["exports_by_trigger"], "steps": stats["steps"]}
 
 
-def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
+def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[str, Any]:
     """The baseline: no async_tee; the OTel SDK records the same series inline (the seed's
-    way) and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    way) and its ``PeriodicExportingMetricReader`` exports them once a step, over OTLP/gRPC
+    (``sdk-alone``) or OTLP/HTTP (``sdk-alone-http``), each the SDK's own exporter."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     setup, calls = fixture_calls()
-    exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True)
+    exporter: Any
+    if mode == SDK_ALONE_HTTP:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HttpExporter,
+        )
+
+        exporter = HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics")
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=step_s * 1000)
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     record = seed_recorder(provider.get_meter("seed"))
@@ -369,7 +381,7 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
     assert main is not None
     threads = [p - m for p, m in zip(process, main, strict=True)]
     return {
-        "mode": SDK_ALONE,
+        "mode": mode,
         "step_s": step_s,
         "steps": steps,
         "exports": steps,
@@ -392,8 +404,8 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int) -> dict[str, Any]:
 
 def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
     """Warm up, run ``steps`` measured steps, shut down; every raw figure of the cell."""
-    if mode == SDK_ALONE:
-        return run_sdk_alone_cell(step_s, steps, port)
+    if mode in (SDK_ALONE, SDK_ALONE_HTTP):
+        return run_sdk_alone_cell(step_s, steps, port, mode)
     setup, calls = fixture_calls()
     logger = async_tee.Logger()
     environ = environ_for(mode, step_s, port)
@@ -600,7 +612,7 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not {"step", "periodic"} <= set(by_mode):
             continue
         s, p = by_mode["step"], by_mode["periodic"]
-        t, alone = by_mode.get("sdk"), by_mode.get(SDK_ALONE)
+        t = by_mode.get("sdk")
 
         def ratio(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None or not b else a / b
@@ -630,13 +642,14 @@ def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # The whole process's CPU per step (the training thread's tee or inline
                 # recording included) against the SDK alone exporting the same series.
                 **{
-                    f"{mode}_over_sdk_alone_process_cpu_per_step": None
-                    if alone is None or mode not in by_mode
+                    f"{mode}_over_{alone.replace('-', '_')}_process_cpu_per_step": None
+                    if alone not in by_mode or mode not in by_mode
                     else ratio(
                         by_mode[mode]["totals"]["process_cpu_per_step_us"],
-                        alone["totals"]["process_cpu_per_step_us"],
+                        by_mode[alone]["totals"]["process_cpu_per_step_us"],
                     )
                     for mode in ("step", "http")
+                    for alone in (SDK_ALONE, SDK_ALONE_HTTP)
                 },
             }
         )
@@ -700,8 +713,9 @@ RATIO_HEADER = (
     "worker CPU/step total",
     "all threads CPU/step total",
     "SDK-built / step: all threads CPU/step",
-    "process CPU/step: gRPC / SDK alone",
-    "HTTP / SDK alone",
+    "process CPU/step: gRPC / SDK alone (gRPC)",
+    "HTTP (default) / SDK alone (gRPC)",
+    "HTTP (default) / SDK alone (HTTP)",
 )
 
 
@@ -717,6 +731,7 @@ def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             fmt_opt(r.get("sdk_over_step_threads_cpu_per_step_total"), ".2f"),
             fmt_opt(r.get("step_over_sdk_alone_process_cpu_per_step"), ".2f"),
             fmt_opt(r.get("http_over_sdk_alone_process_cpu_per_step"), ".2f"),
+            fmt_opt(r.get("http_over_sdk_alone_http_process_cpu_per_step"), ".2f"),
         )
         for r in report["ratios"]
     ]
@@ -728,9 +743,9 @@ def section(report: dict[str, Any]) -> list[str]:
     cells = report["cells"]
     lines = [
         "Simulated loop: per step the fixture's calls through `async_tee.Logger()` "
-        "(`step_finished` on `timing/train`), then sleep to the step's deadline; OTLP/gRPC "
-        "to an `OtlpSink` in another process. `step`: step-aligned export (worker collects, "
-        "`async-tee-export` sends); `periodic`: `ASYNC_TEE_STEP_EXPORT=0`, "
+        "(`step_finished` on `timing/train`), then sleep to the step's deadline; OTLP "
+        "to an `OtlpSink` in another process. `step`: step-aligned export over gRPC "
+        "(worker collects, `async-tee-export` sends); `periodic`: `ASYNC_TEE_STEP_EXPORT=0`, "
         "`OTEL_METRIC_EXPORT_INTERVAL` = step length (the exporting thread collects and "
         f"sends). Cells (step s, measured steps): {cfg['cells']}, each after a "
         f"{cfg['warmup_s']:g} s warm-up (periodic: until the timer's exports fall mid-step). "
@@ -784,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in MODES:
                 warmup_s = warmup_ns(mode, step_s) / 1e9
                 progress(f"{step_s:g} s steps, {mode}: {steps} steps after {warmup_s:g} s warm-up")
-                port = receiver.http_port if mode in HTTP_MODES else receiver.port
+                port = receiver.http_port if mode in HTTP_MODES else receiver.grpc_port
                 cell = run_cell(mode, step_s, steps, port)
                 cells.append(cell)
                 for warning in cell["warnings"]:

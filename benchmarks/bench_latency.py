@@ -14,7 +14,7 @@ p99, p99.9 and max are reported, never means. The timed loops, blocks and interl
 live in ``_blocks.py``.
 
 The pipeline is the real one: ``start_telemetry`` builds the SDK provider, the worker
-drains on its own timer, and async_tee's exporting reader exports over OTLP/gRPC to an
+drains on its own timer, and async_tee's exporting reader exports over OTLP/HTTP to an
 ``OtlpSink`` in another process (``_receiver.py``), so the receiver's work never shares
 this process's GIL. Every call carries a new step, so step-aligned export is exercised at
 its bound: the worker collects a step and the exporting thread sends it at most once per

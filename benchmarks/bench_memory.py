@@ -2,7 +2,7 @@
 
 Usage: ``python benchmarks/bench_memory.py [--calls N] [--quick] [--out PATH]``
 
-The pipeline exports over OTLP/gRPC to an ``OtlpSink`` in another process that stalls
+The pipeline exports over OTLP/HTTP to an ``OtlpSink`` in another process that stalls
 every export, with async_tee's default queue size. After a warm-up (2,000 calls, a flush,
 ``gc.collect()``) the resident set size (``VmRSS`` in ``/proc/self/status``) is read,
 then ``--calls`` tee calls (10^6 by default) with the 68-key fixture dict are made back to

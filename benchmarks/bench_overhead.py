@@ -11,7 +11,7 @@ all from ``tests/fixtures/grpo_step.json``. A step's time is one ``perf_counter_
 around the work and the calls.
 
 Variants: ``bare`` (the same loop without the tee calls), ``healthy`` (the real pipeline
-exporting every second over OTLP/gRPC to an ``OtlpSink`` in another process) and
+exporting every second over OTLP/HTTP to an ``OtlpSink`` in another process) and
 ``stalled`` (the same, the receiver stalling every export; the exporter times out after
 1 s). Each round takes every step length in turn (rotated per round) and runs the three
 variants back to back (also rotated), one block each of about ``--block-s`` seconds of

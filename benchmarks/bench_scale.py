@@ -16,7 +16,7 @@ dict with every category's seconds and the fixture's totals (``step_finished=Tru
 (the training thread's gaps, the threads' CPU clocks, garbage collections; see
 ``bench_stolen.py``): ``off`` (the same declarations and dicts, telemetry never started),
 ``tables`` (the default: exports built from async_tee's tables) and ``sdk``
-(``ASYNC_TEE_ENCODER=sdk``: the SDK's collection and encoding), both exporting OTLP/gRPC to
+(``ASYNC_TEE_ENCODER=sdk``: the SDK's collection and encoding), both exporting OTLP/HTTP to
 an ``OtlpSink`` in another process, step-aligned. In the on children the exporting
 reader's ``collect_step`` (on the worker: the tables' request, or the SDK's collection)
 and ``_send`` (on the exporting thread: the send, and for ``sdk`` the encoding) are timed
@@ -252,11 +252,11 @@ def _method(report: dict[str, Any]) -> str:
         f"{cfg['rounds']} round(s) of {cfg['seconds']:g} s runs at 1 step/s (after "
         f"{cfg['warmup_s']:g} s of warm-up), one child process per cell and variant: `off` "
         "(same declarations and dicts, telemetry never started), `tables` (exports built from "
-        "async_tee's tables, the default) and `sdk` (`ASYNC_TEE_ENCODER=sdk`), OTLP/gRPC to an "
+        "async_tee's tables, the default) and `sdk` (`ASYNC_TEE_ENCODER=sdk`), OTLP/HTTP to an "
         "`OtlpSink` in another process. Series: extra gauge rows on `train` beyond the "
         "built-in ones; categories: attribute sets of `rl.efficiency.seconds`. Gaps as in "
         "bench_stolen.py (stolen: > 0.2 ms of a pure-Python unit's iteration); on minus off "
-        "at the same cell. CPU per step from the threads' CPU clocks; `other threads`: gRPC's "
+        "at the same cell. CPU per step from the threads' CPU clocks; `other threads`: any other "
         "own. `collect`: the exporting reader's `collect_step` on the worker (the tables' "
         "request, or the SDK's collection); `send`: `_send` on the exporting thread (with "
         "the SDK's encoding for `sdk`), each call on its own thread's CPU clock."

@@ -33,14 +33,14 @@ iteration, well under the threshold.
 **Variants**, each run in its own child process (fresh interpreter, allocator and GIL
 history; the same modules imported in every variant, so garbage collections scan the same
 objects): ``off`` (``start_telemetry`` never called: the tee is a no-op), ``healthy``
-(``async_tee.start_telemetry()`` exporting over OTLP/gRPC to an ``OtlpSink`` in another
+(``async_tee.start_telemetry()`` exporting over OTLP/HTTP to an ``OtlpSink`` in another
 process, ``_receiver.py``, so decoding never takes this process's GIL;
 ``OTEL_METRIC_EXPORT_INTERVAL`` 1 s, ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` at its 1 s default,
 exporter timeout 1 s: ``_common.otlp_environ``) and ``stalled`` (the same, the receiver
 stalling every export, ``OtlpSink.stall()``: each export times out after 1 s) and ``sdk``
 (healthy, exports built the SDK's way, ``ASYNC_TEE_ENCODER=sdk``, beside the default built
 from async_tee's tables). A child
-runs the probe for ``--warmup-s`` (the gRPC channel connects, the first exports go),
+runs the probe for ``--warmup-s`` (the connection opens, the first exports go),
 then measures for ``--seconds``, then shuts down (bounded, 2 s). The receivers live in
 this process's children for the whole run. Each of ``--rounds`` rounds runs every rate
 (rotated) and, per rate, the three variants back to back (rotated): off and on alternate
@@ -59,8 +59,9 @@ wall time; excess over 2 sigma of the two Poisson counts,
 second over the window, from their CPU clocks (``_common.thread_cpu_ns``,
 ``pthread_getcpuclockid``, read from the training thread: nanoseconds, unlike
 ``/proc/self/task/<tid>/stat``'s 10 ms ticks), and per teed step; ``other``: the process's
-CPU minus those two and the training thread's (gRPC's C-core threads, which run without
-the GIL). Garbage collections in the window (any thread) are timed with ``gc.callbacks``.
+CPU minus those two and the training thread's (none over OTLP/HTTP; gRPC's C-core
+threads, which run without the GIL, when it is chosen). Garbage collections in the window
+(any thread) are timed with ``gc.callbacks``.
 
 **Targets** (issues 12 and 22; printed, never asserted): time lost at 100 steps/s <= 0.5 %
 of the run (the on cells' own figure); on minus off, <= 0.1 % at 1 step/s and <= 0.5 % at
@@ -129,14 +130,14 @@ CALIBRATION_S = 1.0
 CHILD_SLACK_S = 60.0  # a child's start, warm-up and shutdown, beyond its window
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-# What start_telemetry imports for OTLP/gRPC: imported in every variant, so that garbage
+# What start_telemetry imports for OTLP: imported in every variant, so that garbage
 # collections scan the same modules' objects with telemetry off as on.
 PRELOAD = (
     "asyncio",
     "grpc",
     "opentelemetry.sdk.metrics",
     "opentelemetry.sdk.resources",
-    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
     "async_tee._export.reader",
     "async_tee._worker.loop",
 )
@@ -707,7 +708,7 @@ def _method(report: dict[str, Any]) -> str:
         "the same wall time); `attributable`: the longest gap length at which the on runs "
         "have more gaps of at least that length than off by over 2 sigma (Poisson). CPU: "
         "the threads' CPU clocks over the window; `other threads`: process minus training, "
-        "worker and exporter (gRPC's own threads). Switch interval "
+        "worker and exporter. Switch interval "
         f"{cfg['switch_interval_s'] * 1000:g} ms."
     )
 

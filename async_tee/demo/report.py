@@ -102,7 +102,7 @@ def render_result(result: DemoResult) -> str:
     )
     out.append(
         f"async_tee demo: {result.steps} simulated GRPO steps x {result.step_seconds:g} s, "
-        f"exported over OTLP/gRPC to {where}"
+        f"exported over OTLP to {where}"
         + (", which was stalled for the whole run (--stall)" if result.stalled else "")
     )
     out.append("")

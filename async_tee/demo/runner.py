@@ -341,7 +341,7 @@ def _run(
         sink = OtlpSink().start()
         if stall:
             sink.stall()
-        endpoint = sink.grpc_endpoint
+        endpoint = sink.http_endpoint
         env = {
             key: value
             for key, value in base_env.items()
@@ -350,7 +350,7 @@ def _run(
         env.update(
             {
                 "OTEL_METRICS_EXPORTER": "otlp",
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                 "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
                 "OTEL_EXPORTER_OTLP_TIMEOUT": "2",  # a stalled export gives up in 2 s
                 "OTEL_METRIC_EXPORT_INTERVAL": str(EXPORT_INTERVAL_MS),

@@ -26,7 +26,7 @@ def _export_threads() -> list[threading.Thread]:
 
 
 def _environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, **extra}
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint, **extra}
 
 
 class Misbehaving:
@@ -91,7 +91,13 @@ def test_timed_out_shutdowns_leave_no_file_descriptors_behind(sink):
     sink.stall()
     cycles = []
     for _ in range(8):
-        async_tee.start_telemetry(environ=_environ(sink, OTEL_EXPORTER_OTLP_TIMEOUT="30"))
+        # gRPC: one connection to the in-process sink; over HTTP each cycle's stalled request
+        # holds the sink's own end until unstalled (that case: the test below).
+        environ = _environ(
+            sink, OTEL_EXPORTER_OTLP_TIMEOUT="30", OTEL_EXPORTER_OTLP_PROTOCOL="grpc"
+        )
+        environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.grpc_endpoint
+        async_tee.start_telemetry(environ=environ)
         async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
         async_tee.shutdown_telemetry(0.5)
         for thread in _export_threads():

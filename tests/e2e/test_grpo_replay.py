@@ -36,7 +36,7 @@ def _run_both_shapes(sink: OtlpSink) -> dict[str, dict[str, Any]]:
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "OTEL_METRICS_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
             "OTEL_METRIC_EXPORT_INTERVAL": "600000",  # only step exports and the final one
             "OTEL_SERVICE_NAME": f"replay-{shape}",
             "ASYNC_TEE_RUN_ID": f"replay-{shape}",

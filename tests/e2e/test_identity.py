@@ -73,7 +73,7 @@ def _env(sink, **job: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
     return {
         **env,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
         "OTEL_METRIC_EXPORT_INTERVAL": "600000",
         "WORLD_SIZE": "2",
         **job,

@@ -70,7 +70,7 @@ def test_export_ranks_chooses_who_exports_and_the_others_start_nothing(sink, set
             GROUP_RANK=str(rank // 2),
             TORCHELASTIC_RUN_ID="job-ranks",
             ASYNC_TEE_EXPORT_RANKS=setting,
-            OTEL_EXPORTER_OTLP_ENDPOINT=sink.grpc_endpoint,
+            OTEL_EXPORTER_OTLP_ENDPOINT=sink.http_endpoint,
             ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
         )
         for rank in range(4)

@@ -28,7 +28,7 @@ REWARD = "rl.reward.mean"
 
 def _environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
     """Only the endpoint, as a user would set it (so the 60 s periodic interval), plus extra."""
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, **extra}
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint, **extra}
 
 
 def _reward(step: int) -> float:
@@ -138,7 +138,7 @@ def test_a_stuck_collector_costs_one_pending_export_and_shutdown_keeps_its_deadl
 
 def _stuck_collector(sink: OtlpSink, collector: str, port: int) -> None:
     timeout_s = 4.0
-    endpoint = sink.grpc_endpoint if collector == "stalled" else f"http://127.0.0.1:{port}"
+    endpoint = sink.http_endpoint if collector == "stalled" else f"http://127.0.0.1:{port}"
     async_tee.start_telemetry(
         environ={
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,

@@ -85,7 +85,12 @@ def test_the_grpc_exporter_encodes_in_slices_and_one_without_the_hook_is_left_al
 
 
 def test_a_step_exported_in_slices_arrives_whole(sink, calls):
-    async_tee.start_telemetry(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint})
+    async_tee.start_telemetry(  # slices are the OTLP/gRPC exporter's
+        environ={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        }
+    )
     for call in calls:
         async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
     assert async_tee.shutdown_telemetry(10)

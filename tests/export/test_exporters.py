@@ -98,14 +98,18 @@ def test_one_exporter_failing_leaves_the_others_working_but_not_delivered(taken_
     session = async_tee.start_telemetry(
         environ={
             "OTEL_METRICS_EXPORTER": "otlp,prometheus",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
             "OTEL_EXPORTER_PROMETHEUS_PORT": str(taken_port),
         }
     )
     tee_the_fixture()
     assert session.is_exporting  # OTLP still works
     states = async_tee.stats()["exporters"]
-    assert states["otlp"] == {"state": "started", "where": sink.grpc_endpoint, "error": ""}
+    assert states["otlp"] == {
+        "state": "started",
+        "where": f"{sink.http_endpoint}/v1/metrics",
+        "error": "",
+    }
     assert states["prometheus"]["state"] == "failed"
     assert async_tee.shutdown_telemetry(10) is False  # Prometheus never served a thing
     assert "rl.reward.mean" in sink.names()  # but what OTLP carried arrived
@@ -188,7 +192,7 @@ def test_a_rank_left_out_by_export_ranks_starts_nothing(sink, logs):
             "RANK": "3",
             "LOCAL_RANK": "3",
             "WORLD_SIZE": "4",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
         }
     )
     tee_the_fixture()

@@ -213,7 +213,7 @@ def test_an_exporter_asking_for_delta_keeps_the_sdks_way(sink, monkeypatch):
     # The SDK's exporter reads its preference from the process environment.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
     running = async_tee.start_telemetry(
-        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, "ASYNC_TEE_ENCODER": "tables"}
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint, "ASYNC_TEE_ENCODER": "tables"}
     )
     assert isinstance(running, async_tee.Pipeline)
     (reader,) = running.exports.push_readers

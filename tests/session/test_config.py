@@ -66,8 +66,8 @@ def test_defaults(logs):
     assert settings.shutdown_timeout_s == 5.0
     assert settings.max_attribute_sets == 512
     assert settings.exporters == ("otlp",)
-    assert settings.otlp_protocol == "grpc"
-    assert settings.otlp_endpoint == "http://localhost:4317"
+    assert settings.otlp_protocol == "http/protobuf"
+    assert settings.otlp_endpoint == "http://localhost:4318/v1/metrics"
     assert settings.otlp_headers == ()
     assert settings.otlp_timeout_s == 10.0
     assert settings.otlp_insecure is None
@@ -229,14 +229,14 @@ def test_metrics_exporter_unknown_uses_default_with_a_warning(logs, raw):
 @pytest.mark.parametrize(
     ("environ", "protocol", "endpoint"),
     [
-        pytest.param({}, "grpc", "http://localhost:4317", id="default"),
+        pytest.param({}, "http/protobuf", "http://localhost:4318/v1/metrics", id="default"),
         pytest.param(
             {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc", "http://localhost:4317", id="grpc"
         ),
         pytest.param(
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"},
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"},
             "grpc",
-            "http://collector:4317",
+            "http://c:4317",
             id="grpc-general-endpoint-as-is",
         ),
         pytest.param(
@@ -299,6 +299,7 @@ def test_metrics_exporter_unknown_uses_default_with_a_warning(logs, raw):
         ),
         pytest.param(
             {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:4317",
                 "OTEL_EXPORTER_OTLP_ENDPOINT": "http://general:4317",
             },
@@ -334,12 +335,29 @@ def test_protocol_and_endpoint(logs, environ, protocol, endpoint):
 
 
 @pytest.mark.parametrize("raw", ["http/json", "thrift", "udp"])
-def test_unsupported_protocol_falls_back_to_grpc_with_a_warning(logs, raw):
+def test_unsupported_protocol_falls_back_to_the_default_with_a_warning(logs, raw):
     settings = load_settings(environ={"OTEL_EXPORTER_OTLP_PROTOCOL": raw})
-    assert settings.otlp_protocol == "grpc"
-    assert settings.otlp_endpoint == "http://localhost:4317"
+    assert settings.otlp_protocol == "http/protobuf"
+    assert settings.otlp_endpoint == "http://localhost:4318/v1/metrics"
     (message,) = messages(logs)
     assert "OTEL_EXPORTER_OTLP_PROTOCOL" in message
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]
+)
+def test_the_grpc_port_with_the_default_protocol_is_warned_about(logs, variable):
+    """The Python SDK's ``otlp`` exporter defaults to gRPC, so its users point at 4317; sent
+    OTLP/HTTP (the default here, as in the OTel specification), every export would fail."""
+    settings = load_settings(environ={variable: "http://collector:4317"})
+    assert settings.otlp_protocol == "http/protobuf"
+    (message,) = messages(logs)
+    assert "4317" in message
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in message
+    chosen = {variable: "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    logs.clear()
+    load_settings(environ=chosen)  # chosen, not defaulted: said nothing
+    assert messages(logs) == []
 
 
 # ------------------------------------------------------------------------------- headers
@@ -403,7 +421,7 @@ def test_describe_does_not_contain_header_values():
     assert "acme42" not in text
     assert "authorization" in text
     assert "x-tenant" in text
-    assert "otlp_endpoint='http://localhost:4317'" in text
+    assert "otlp_endpoint='http://localhost:4318/v1/metrics'" in text
     assert "\n" not in text
 
 

@@ -125,7 +125,7 @@ def _arrives(sink: OtlpSink, step: int) -> bool:
 def test_after_a_poison_call_every_later_step_is_exported(sink: OtlpSink, poison):
     async_tee.start_telemetry(
         environ={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
             "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
         }
     )

@@ -90,7 +90,7 @@ def test_stats_are_the_sessions_own():
 
 def test_threads_are_the_sessions_and_end_with_it(sink):
     environ = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
         "OTEL_METRIC_EXPORT_INTERVAL": "60000",
     }
     pipeline = async_tee.start_telemetry(environ=environ)

@@ -212,7 +212,7 @@ def test_a_handler_installed_later_is_named_once_and_the_session_ends_first_at_e
 
 
 def _sink_environ(sink: OtlpSink, **extra: str) -> dict[str, str]:
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, **extra}
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint, **extra}
 
 
 def test_shutdown_restores_the_default_disposition(sink):

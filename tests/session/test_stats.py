@@ -42,7 +42,7 @@ def test_a_collection_async_tee_did_not_start_reads_afresh_after_the_ttl(monkeyp
 
 def test_each_collection_exports_the_figures_at_its_start(sink):
     session = async_tee.start_telemetry(
-        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint, "ASYNC_TEE_STEP_EXPORT": "0"}
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint, "ASYNC_TEE_STEP_EXPORT": "0"}
     )
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
     assert async_tee.flush(10)

@@ -167,7 +167,7 @@ def test_record_rl_metrics_goes_through_the_queue(provider, reader):
 def test_stalled_or_unreachable_exporter_never_blocks_training(sink, fault):
     if fault == "stalled":
         sink.stall()
-        endpoint, hole = sink.grpc_endpoint, None
+        endpoint, hole = sink.http_endpoint, None
     else:
         hole, port = black_hole()
         endpoint = f"http://127.0.0.1:{port}"

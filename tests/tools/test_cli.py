@@ -444,10 +444,10 @@ def test_demo_with_a_stalled_sink_keeps_training_pace_and_receives_nothing():
 
 def test_demo_exports_to_an_external_endpoint(sink):
     result = demo.run(
-        steps=2, step_seconds=0.01, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint}
+        steps=2, step_seconds=0.01, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint}
     )
     assert result.mode == "external"
-    assert result.endpoint == sink.grpc_endpoint
+    assert result.endpoint == sink.http_endpoint
     assert result.series is None
     assert result.missing_defaults is None
     assert result.ok

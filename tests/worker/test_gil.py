@@ -51,7 +51,7 @@ def test_a_large_drain_is_cut_into_slices_with_handovers(sink):
     # tens of µs a dict that is several ms of work, which must not be one hold of the GIL.
     async_tee.start_telemetry(
         environ={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
             "ASYNC_TEE_DRAIN_INTERVAL": "60",
             "ASYNC_TEE_STEP_EXPORT": "0",
         }
