@@ -154,8 +154,8 @@ def _gc_rows(results: dict[str, Any]) -> Iterator[Row]:
     if cells:
         tables, sdk = cells["tables"]["collections"], cells["sdk"]["collections"]
         yield (
-            f"garbage collections while one export's request is built, {gc['series']:,} declared series "
-            f"(young threshold {gc['young_threshold']}): p50 / max",
+            "garbage collections while one export's request is built, "
+            f"{gc['series']:,} declared series (young threshold {gc['young_threshold']}): p50 / max",
             f"{tables['p50']:.0f} / {tables['max']:.0f}",
             f"the SDK's collection and encoder: {sdk['p50']:.0f} / {sdk['max']:.0f}",
         )
