@@ -155,7 +155,8 @@ def _gc_rows(results: dict[str, Any]) -> Iterator[Row]:
         tables, sdk = cells["tables"]["collections"], cells["sdk"]["collections"]
         yield (
             "garbage collections while one export's request is built, "
-            f"{gc['series']:,} declared series (young threshold {gc['young_threshold']}): p50 / max",
+            f"{gc['series']:,} declared series (young threshold {gc['young_threshold']}): "
+            "p50 / max",
             f"{tables['p50']:.0f} / {tables['max']:.0f}",
             f"the SDK's collection and encoder: {sdk['p50']:.0f} / {sdk['max']:.0f}",
         )
