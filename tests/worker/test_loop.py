@@ -110,7 +110,12 @@ def test_each_burst_wakes_the_sleeping_worker_once(seen):
     asks = []
     worker = Worker(queue, Seen(), LONG_S)
     assert worker.start()
-    queue.on_high_water = lambda: (asks.append(len(queue)), worker.wake())
+
+    def ask() -> None:
+        asks.append(len(queue))
+        worker.wake()
+
+    queue.on_high_water = ask
     try:
         for burst in range(2):
             drained.clear()
