@@ -54,7 +54,15 @@ for step in range(int(os.environ["STEPS"])):
     logger.log_metrics({"total_step_time": 1.0}, step, "timing/train", step_finished=True)
 if RAY:
     async_tee.flush()  # the worker has seen every step complete (and checked the handler)
-if os.environ.get("STUCK"):  # the main thread in one C call: a hung collective's shape
+if os.environ.get("STUCK") == "gil":  # one C call that holds the GIL and never checks signals
+    import itertools
+    started = time.perf_counter()
+    sum(itertools.repeat(1, 2_000_000))
+    per_item = (time.perf_counter() - started) / 2_000_000
+    print("ready", flush=True)
+    sum(itertools.repeat(1, int(float(os.environ["GIL_S"]) / per_item)))
+    print("returned", flush=True)
+elif os.environ.get("STUCK"):  # the main thread in one C call: a hung collective's shape
     import hashlib
     started = time.perf_counter()
     hashlib.pbkdf2_hmac("sha256", b"k", b"salt", 100_000)  # OpenSSL, the GIL released
@@ -134,6 +142,34 @@ def test_sigterm_while_the_main_thread_is_stuck_in_c_delivers_and_dies_within_th
     assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1
     assert _last(sink, "rl.step") == STEPS - 1
     assert _last(sink, "rl.vllm.prompt_tokens") == 10.0 * STEPS  # exact: every delta
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_c_call_that_holds_the_gil_waits_for_the_call_then_delivers(sink):
+    """No Python code runs while the main thread's C call holds the GIL, async_tee's signal
+    thread included: the process dies of the signal only when the call returns, with the last
+    step delivered (docs/semantics.md §7, "A C call that holds the GIL")."""
+    gil_s = 5.0
+    code, lines, took = _run_child(
+        sink, "http", STUCK="gil", GIL_S=str(gil_s), ASYNC_TEE_SHUTDOWN_TIMEOUT="1"
+    )
+    assert "ready" in lines  # signalled inside the call
+    assert code == -signal.SIGTERM  # dead of the signal in the end
+    assert took > 1.0 + 1.0  # not within the shutdown timeout: the signal thread never ran
+    assert took < gil_s + 5.0  # once the call returned, the handler ran at once
+    assert _last(sink, "rl.reward.mean") == 100.0 + STEPS - 1  # and delivered the last step
+    assert _last(sink, "rl.step") == STEPS - 1
+
+
+@pytest.mark.slow
+def test_without_flush_signals_a_c_call_holding_the_gil_dies_of_sigterm_at_once(sink):
+    """The documented way out: the default disposition, at the price of no flush."""
+    code, lines, took = _run_child(
+        sink, "http", STUCK="gil", GIL_S="20", ASYNC_TEE_FLUSH_SIGNALS=""
+    )
+    assert code == -signal.SIGTERM
+    assert "returned" not in lines
+    assert took < 1.0  # the kernel's default action: no Python code involved
 
 
 @pytest.mark.slow
