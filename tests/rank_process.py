@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import async_tee
+from async_tee._declare.shipped import ROLLOUT_WATCHDOG
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grpo_step.json"
 
@@ -78,6 +79,9 @@ def main() -> None:
                 async_tee.tee_rl_metrics_to_otel(validation, "validation", steps)
             finished = call.get("step_finished", False)
             async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps, finished)
+        # NeMo-RL's stall watchdog: its dict at the step just completed (held series).
+        watchdog = {row.logger_key: float(rank + steps) for row in ROLLOUT_WATCHDOG}
+        async_tee.tee_rl_metrics_to_otel(watchdog, "", steps)
         pause.wait(args.step_seconds)
     flushed = async_tee.flush(10)
     address = session.prometheus_address

@@ -60,7 +60,8 @@ RL_METRIC_GROUP = "rl"
 def metric_specs() -> list[MetricSpec]:
     """Build the full ``MetricSpec`` list for the ``rl`` group."""
     specs = [
-        MetricSpec(row.key, row.name, row.kind, row.unit, row.description) for row in teed_metrics()
+        MetricSpec(row.key, row.name, row.kind, row.unit, row.description, held=row.held)
+        for row in teed_metrics()
     ]
     specs += [
         MetricSpec(row.key, row.name, row.kind, row.unit, row.description, row.callback)

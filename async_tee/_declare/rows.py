@@ -36,6 +36,9 @@ MEASUREMENT_KINDS = (
     THREAD_SECONDS_MEASUREMENT,
 )
 
+HELD_KINDS = ("gauge", "counter")
+"""The kinds a held series may be (``TeedMetric.held``)."""
+
 PER_STEP_PREFIXES = ("train", "")
 """The prefixes a row with no prefix of its own reads: the per-step dicts."""
 
@@ -162,6 +165,10 @@ class TeedMetric:
         prefix: The prefix of the dict its key arrives in (``"performance"``,
             ``"timing/train"``, ``""``, ...). None, the default, means the per-step
             dicts: ``train`` and ``""``. A key is read only from its own dict's prefix.
+        held: A state held for the run rather than a step's value (a stall watchdog's,
+            logged while steps may not move, at the last completed step): recorded
+            whatever the dict's step and in every export until logged again. A held
+            ``counter``'s value is its running total, exported as it is (docs/semantics.md §3g).
     """
 
     logger_key: str
@@ -170,6 +177,7 @@ class TeedMetric:
     unit: str = ""
     description: str = ""
     prefix: str | None = None
+    held: bool = False
 
     @functools.cached_property
     def key(self) -> str:
@@ -201,6 +209,11 @@ class TeedMetric:
             raise ValueError(
                 f"teed series {self.name!r}: kind {self.kind!r} is not one of "
                 f"{SYNCHRONOUS_KINDS} (a logged value is recorded, never pulled)"
+            )
+        if self.held and self.kind not in HELD_KINDS:
+            raise ValueError(
+                f"teed series {self.name!r}: a held series is a gauge (the state now) or a "
+                f"counter (its running total), not a {self.kind!r}"
             )
         validate_series(self.name, self.kind, self.unit)
 
@@ -242,6 +255,7 @@ class MetricSpec:
     description: str = ""
     callback: Callable[..., Iterable[Any]] | None = dataclasses.field(default=None, compare=False)
     buckets: tuple[float, ...] | None = None
+    held: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key.isidentifier():
@@ -255,6 +269,8 @@ class MetricSpec:
             if any(not math.isfinite(b) for b in bounds) or list(bounds) != sorted(set(bounds)):
                 raise ValueError(f"metric {self.name!r}: buckets must be finite and increasing")
             object.__setattr__(self, "buckets", bounds)
+        if self.held and self.kind not in HELD_KINDS:
+            raise ValueError(f"metric {self.name!r}: only a gauge or a counter is held")
 
 
 class Declarations:

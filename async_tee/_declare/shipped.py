@@ -240,6 +240,66 @@ EFFICIENCY_TOTALS = tuple(
 )
 """docs/semantics.md §3c: the efficiency dict's totals, kept out of the per-category series."""
 
+ROLLOUT_WATCHDOG = (
+    *(
+        TeedMetric(key, name, unit=unit, description=description, prefix="", held=True)
+        for key, name, unit, description in (
+            (
+                "rollout/idle_s",
+                "rl.rollout.idle",
+                "s",
+                "Seconds since a rollout group was committed or a train step completed.",
+            ),
+            ("rollout/inflight", "rl.rollout.inflight", "{rollout}", "Rollouts in flight."),
+            (
+                "rollout/train_steps",
+                "rl.rollout.train_steps",
+                "{step}",
+                "Train steps completed, as the rollout watchdog last saw them.",
+            ),
+            (
+                "rollout/max_consecutive_infra_drops",
+                "rl.rollout.infra_drops.max_consecutive",
+                "{rollout}",
+                "The longest run of rollouts dropped in a row for infrastructure reasons.",
+            ),
+            (
+                "gen_fleet/serving_shards",
+                "rl.gen_fleet.serving_shards",
+                "{shard}",
+                "Generation shards serving now.",
+            ),
+        )
+    ),
+    *(
+        TeedMetric(
+            key, name, kind="counter", unit="{group}", description=description, prefix="", held=True
+        )
+        for key, name, description in (
+            ("rollout/committed_total", "rl.rollout.committed", "Rollout groups committed."),
+            ("rollout/skipped_total", "rl.rollout.skipped", "Rollout groups skipped."),
+            ("rollout/redispatch_total", "rl.rollout.redispatched", "Rollouts dispatched again."),
+            (
+                "rollout/data_retry_total",
+                "rl.rollout.data_retries",
+                "Rollouts retried for a data error.",
+            ),
+            (
+                "rollout/data_failures_total",
+                "rl.rollout.data_failures",
+                "Rollouts failed for a data error.",
+            ),
+            (
+                "rollout/infra_drops_total",
+                "rl.rollout.infra_drops",
+                "Rollouts dropped for an infrastructure error.",
+            ),
+        )
+    ),
+)
+"""docs/semantics.md §3g: NeMo-RL's stall watchdog, held series logged under ``""`` every
+``interval_s`` at the last completed step; its ``*_total`` keys are running totals."""
+
 EFFICIENCY_CATEGORIES = {
     INIT_TOTAL_CATEGORY: EfficiencyCategory(WALL_CLOCK_MEASUREMENT, "overhead"),
     "idle/buffer_starvation": EfficiencyCategory(WALL_CLOCK_MEASUREMENT, "idle"),
@@ -262,7 +322,8 @@ def declare_defaults() -> None:
         + THROUGHPUT
         + STEP_TIMING
         + VALIDATION
-        + EFFICIENCY_TOTALS,
+        + EFFICIENCY_TOTALS
+        + ROLLOUT_WATCHDOG,
         default=True,
     )
     set_efficiency_categories(EFFICIENCY_CATEGORIES)

@@ -18,6 +18,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from async_tee._declare.attributes import FrozenAttributes
 from async_tee._export.encode import EncodedRequest
 from async_tee._tables.registry import (
+    HeldValue,
     Histogram,
     HistogramPoint,
     LastValue,
@@ -260,6 +261,8 @@ def _monotonic(series: Instrument) -> bool | None:
     """A sum's monotonicity, or None for a gauge or the histogram."""
     if isinstance(series, RunningTotal):
         return series.monotonic
+    if isinstance(series, HeldValue):  # a held counter's total: a monotonic sum
+        return True if series.spec.kind == "counter" else None
     if isinstance(series, Observed):
         return _SUMS.get(series.spec.kind)
     return None

@@ -197,6 +197,37 @@ class RunningTotal(LastValue):
         return True
 
 
+class HeldValue(LastValue):
+    """A held series: the last value logged per attribute set, in every export, never cleared.
+
+    A step's completion publishes nothing (``shown`` stays None: every export reads the
+    points as they are). For a counter the value is the logged running total, reported as
+    the counter's total, so the exported total equals the last logged one.
+    """
+
+    __slots__ = ()
+
+    def record(self, value: float, attributes: FrozenAttributes) -> None:
+        if self.spec.kind == "counter" and value < 0:
+            self.owner.counts.rejected += 1
+            warn_once(
+                f"negative:{self.spec.name}",
+                "async_tee: counter %s got a negative total %r; dropped",
+                self.spec.name,
+                value,
+            )
+            return
+        super().record(value, attributes)
+
+    def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
+        if self.spec.kind == "counter" and type(raw) is float and raw < 0:
+            return False
+        return super().store(raw, attributes)
+
+    def publish(self) -> None:
+        """Held for the run: a completed step changes nothing."""
+
+
 _SDK_DEFAULT_BUCKETS = (0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000)
 """The SDK's explicit bucket boundaries for a histogram that names none."""
 
@@ -389,7 +420,15 @@ class InstrumentRegistry:
                 spec, self, callback, reader if isinstance(reader, StatsReader) else None
             )
         series: LastValue
-        if kind == "gauge":
+        if spec.held:
+            series = HeldValue(spec, self, Observation)
+            create = (
+                meter.create_observable_counter
+                if kind == "counter"
+                else meter.create_observable_gauge
+            )
+            create(spec.name, callbacks=[series.observe], **common)
+        elif kind == "gauge":
             series = LastValue(spec, self, Observation)
             meter.create_observable_gauge(spec.name, callbacks=[series.observe], **common)
         elif kind == "counter":

@@ -54,6 +54,8 @@ class Store(Protocol):
 
 
 ScalarPlan = tuple[tuple[str, str, bool, "Store | None"], ...]
+HeldPlan = tuple[tuple[str, str], ...]
+"""A prefix's held rows (``TeedMetric.held``): ``(logger key, registry key)``."""
 """Per declared row of one prefix: its ``Logger`` key, its registry key, whether it is a
 counter (fed per-step deltas), and its table (None: every value takes the registry's checks)."""
 ROWS_PER_OFFER = 256
@@ -116,6 +118,7 @@ class MappingPlan:
     efficiency_keys: frozenset[str]
     phase_rows: frozenset[str]
     snapshot_keys: Mapping[str | None, tuple[str, ...] | None]
+    held: Mapping[str, HeldPlan] = dataclasses.field(default_factory=dict)
 
     @property
     def prefixes(self) -> frozenset[str | None]:
@@ -195,15 +198,26 @@ def compile_plan(
         for prefix in row.prefixes:
             by_prefix.setdefault(prefix, []).append(row)
     del by_prefix[SETUP_PREFIX]  # its every key is a start-up phase
-    scalars = {prefix: _scalar_plan(group) for prefix, group in by_prefix.items()}
+    scalars = {
+        prefix: _scalar_plan(row for row in group if not row.held)
+        for prefix, group in by_prefix.items()
+    }
+    held = {
+        prefix: plan
+        for prefix, group in by_prefix.items()
+        if (plan := tuple((row.logger_key, row.key) for row in group if row.held))
+    }
+
+    def read(prefix: str) -> tuple[str, ...]:
+        held_keys = [logger_key for logger_key, _ in held.get(prefix, ())]
+        return tuple(dict.fromkeys([*(row[0] for row in scalars[prefix]), *held_keys]))
+
     efficiency = _efficiency_plan(categories)
     seconds_keys = [seconds_key for seconds_key, _ in efficiency]
     pct_keys = [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
-    row_keys = {logger_key for logger_key, *_ in scalars[""]}
+    row_keys = set(read(""))
     snapshot_keys = {
-        prefix: None
-        if (prefix or "") in READ_WHOLE
-        else tuple(dict.fromkeys(logger_key for logger_key, *_ in scalars[prefix or ""]))
+        prefix: None if (prefix or "") in READ_WHOLE else read(prefix or "")
         for prefix in (*BUILT_IN_PREFIXES, *by_prefix)
     }
     return MappingPlan(
@@ -211,8 +225,9 @@ def compile_plan(
         efficiency=efficiency,
         efficiency_attributes=efficiency_attributes(categories),
         efficiency_keys=frozenset((*seconds_keys, *pct_keys, *row_keys)),
-        phase_rows=frozenset(logger_key for logger_key, *_ in scalars[STEP_TIMING_PREFIX]),
+        phase_rows=frozenset(read(STEP_TIMING_PREFIX)),
         snapshot_keys=snapshot_keys,
+        held=held,
     )
 
 
@@ -283,6 +298,28 @@ def _map_rows(
             if table is not None and table.store(raw, NO_ATTRIBUTES):
                 continue
         values[key] = value
+
+
+def held_values(
+    plan: HeldPlan, metrics: Mapping[str, Any], skipped: Skipped | None = None
+) -> dict[str, float]:
+    """Map a dict's held rows: ``{registry key: value}``, whatever the dict's step.
+
+    A held row's value is the state now (a counter's: its running total), so a dict of a
+    completed step counts as much as the open step's. An absent key (or None) is left
+    out; a value that is not a scalar is left out and counted in ``skipped``.
+    """
+    values: dict[str, float] = {}
+    for logger_key, key in plan:
+        raw = metrics.get(logger_key)
+        if raw is None:
+            continue
+        value = as_scalar(raw)
+        if value is None:
+            count_skipped(skipped, skip_reason(raw))
+            continue
+        values[key] = value
+    return values
 
 
 def efficiency_values(

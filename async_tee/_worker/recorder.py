@@ -28,6 +28,7 @@ from async_tee._worker.mapping import (
     compile_plan,
     count_skipped,
     efficiency_values,
+    held_values,
     map_efficiency_pct,
     map_setup_seconds,
     scalar_values,
@@ -184,6 +185,11 @@ class RLRecorder:
             plan = self.bound()
             if plan.scalars.get(prefix):
                 self.tee_scalars(metrics, step, prefix, stale)
+            held = plan.held.get(prefix)
+            if held:  # the state now, whatever the step: stale or not
+                values = held_values(held, metrics, self.skipped)
+                if values:
+                    self.record(values)
             if prefix == "":
                 self.tee_efficiency(metrics, stale)
             elif prefix == STEP_TIMING_PREFIX:

@@ -149,6 +149,9 @@ def test_measured_examples():
         prometheus_name("rl.x", "summary", "")
 
 
+WATCHDOG_KEYS = [row.logger_key for row in default_rows.ROLLOUT_WATCHDOG]
+
+
 def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(calls, monkeypatch):
     """The registry's real instruments, fed the fixture, exported by the real reader."""
     monkeypatch.setattr(_stats, "SNAPSHOT_TTL_S", 0.0)  # two scrapes, each its own stats
@@ -170,6 +173,8 @@ def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(c
             {"critic/loss": 0.2, "reward": float("nan"), "reward_std": 0.1, **extra}, 43, "train"
         )
         logger.log_metrics({"accuracy": 0.5, "avg_length": 99, "pass_k": 0.75}, 43, "validation")
+        # NeMo-RL's stall watchdog: held series, logged at the last completed step.
+        logger.log_metrics({key: 2.0 for key in WATCHDOG_KEYS}, 42)
         logger.log_metrics({"total_validation_time": 3.5}, 43, "timing/validation", None, True)
         assert async_tee.flush()
         step_43, _ = parse(prometheus_client.generate_latest(registry_).decode())

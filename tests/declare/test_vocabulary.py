@@ -338,6 +338,7 @@ def test_defaults_are_declared_in_order():
         + default_rows.STEP_TIMING
         + default_rows.VALIDATION
         + default_rows.EFFICIENCY_TOTALS
+        + default_rows.ROLLOUT_WATCHDOG
     )
     expected = [row.name for row in shipped]
     assert names() == expected
@@ -706,3 +707,10 @@ def test_recorded_metrics_keeps_declaration_order():
 def test_freeze_is_reset_between_tests():
     # guards the autouse fixture the tests above rely on
     assert vocabulary._FROZEN is False
+
+
+def test_a_held_row_is_a_gauge_or_a_counter():
+    for kind in ("gauge", "counter"):
+        TeedMetric("w/state", f"rl.w.{kind}", kind=kind, prefix="", held=True).validate()
+    with pytest.raises(ValueError, match="held series"):
+        TeedMetric("w/lat", "rl.w.lat", kind="histogram", prefix="", held=True).validate()
