@@ -65,7 +65,10 @@ class AlertThresholds:
     """Every threshold of the rules, with defaults for a run of steps of seconds to minutes.
 
     Attributes:
-        stuck_after_s: No step completed for this long on a rank that has stepped.
+        stuck_after_s: No step completed for this long on a rank that has stepped (and,
+            where NeMo-RL's stall watchdog reports, no rollout committed for as long).
+        rollout_idle_s: NeMo-RL's stall watchdog: no rollout committed and no step
+            completed for this long (its ``stall_timeout_s``, 600 s by default).
         first_step_within_s: A run with no completed step this long after its ranks
             started exporting (model loading, compilation, the first rollout).
         straggler_steps: A rank this many steps behind the furthest rank of its run.
@@ -83,6 +86,7 @@ class AlertThresholds:
     """
 
     stuck_after_s: float = 900.0
+    rollout_idle_s: float = 600.0
     first_step_within_s: float = 7200.0
     straggler_steps: int = 10
     queue_full_fraction: float = 0.9
@@ -162,6 +166,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
     exports, died = names["async_tee.exports"], names["async_tee.worker.died"]
     depth, capacity = names["async_tee.queue.depth"], names["async_tee.queue.capacity"]
     lag = names["async_tee.lag"]
+    idle = names["rl.rollout.idle"]
     window = prometheus_duration(t.window_s)
     gone = prometheus_duration(t.rank_gone_window_s)
 
@@ -181,6 +186,9 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
         return f"(increase({plain}[{window}]) > 0 or ({plain} > 0 unless {plain} offset {window}))"
 
     stuck = f"(time() - {step_time}{_where()}) * {IDENTITY}"
+    idle_q = f"{idle}{_where()} * {IDENTITY}"
+    # A long step is not a hang while the stall watchdog sees rollouts committing.
+    progressing = f"on (job, instance) ({idle}{_where()} < {t.stuck_after_s:g})"
     steps = f"({step}{_where()} * {IDENTITY})"
     straggler = f"max by (rl_run_id) {steps} - on (rl_run_id) group_right () {steps}"
     sessions = f"group by (job, instance) ({capacity}{_where()}) * {IDENTITY}"
@@ -203,16 +211,30 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
         AlertRule(
             "RLTrainerStuck",
             "critical",
-            compared(stuck, t.stuck_after_s),
+            f"{compared(stuck, t.stuck_after_s)} unless {without_selector(progressing)}",
             for_(300),
             "No training step completed for over "
             f"{prometheus_duration(t.stuck_after_s)} on a rank that was stepping",
             f"{_RANK}: last step completed {{{{ $value | humanizeDuration }}}} ago.",
             "The rank's log and stack (py-spy dump): a hung collective, a stalled data "
             "or rollout worker, a checkpoint that does not finish.",
-            (step_time,),
+            (step_time, idle),
             stuck,
             t.stuck_after_s,
+        ),
+        AlertRule(
+            "RLRolloutIdle",
+            "critical",
+            compared(idle_q, t.rollout_idle_s),
+            for_(60),
+            "No rollout committed and no step completed for over "
+            f"{prometheus_duration(t.rollout_idle_s)} (NeMo-RL's stall watchdog)",
+            f"{_RANK}: the stall watchdog saw no progress for {{{{ $value | humanizeDuration }}}}.",
+            "Rollouts in flight (rl_rollout_inflight), serving generation shards "
+            "(rl_gen_fleet_serving_shards), infra drops; the controller's log.",
+            (idle,),
+            idle_q,
+            t.rollout_idle_s,
         ),
         AlertRule(
             "RLNoFirstStep",

@@ -183,6 +183,7 @@ _fraction = _bounded(float, 0, 1, "must be a fraction in (0, 1]")
 _non_negative = _bounded(float, 0, math.inf, "must be a number >= 0")
 _ALERT_FLAGS = (
     ("--stuck-after", "stuck_after_s", _duration, "no step completed for this long"),
+    ("--rollout-idle-after", "rollout_idle_s", _duration, "NeMo-RL's watchdog idle this long"),
     ("--first-step-within", "first_step_within_s", _duration, "start-up allowance"),
     ("--straggler-steps", "straggler_steps", _positive_int, "steps behind the run's furthest"),
     ("--queue-full", "queue_full_fraction", _fraction, "queue fill that warns"),

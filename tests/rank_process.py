@@ -53,6 +53,19 @@ def main() -> None:
         stop.set()
 
     threading.Thread(target=wait_for_stop, daemon=True).start()
+    progress = [0, time.monotonic()]  # the last completed step, and when
+    ended = threading.Event()  # the session is about to end
+
+    def stall_watchdog() -> None:
+        """NeMo-RL's watchdog: at the last completed step, its idle time and totals."""
+        while not ended.wait(0.2):  # on after the steps stop: a hang's shape
+            step, at = progress
+            if step:
+                watchdog = {row.logger_key: float(rank + step) for row in ROLLOUT_WATCHDOG}
+                watchdog["rollout/idle_s"] = time.monotonic() - at
+                async_tee.tee_rl_metrics_to_otel(watchdog, "", step)
+
+    threading.Thread(target=stall_watchdog, name="stall-watchdog", daemon=True).start()
     for call in setup:
         async_tee.tee_rl_metrics_to_otel(call["metrics"], call["prefix"], call["step"])
     # A fixed count of steps is never cut short; otherwise "stop" ends the pause and the loop.
@@ -79,9 +92,7 @@ def main() -> None:
                 async_tee.tee_rl_metrics_to_otel(validation, "validation", steps)
             finished = call.get("step_finished", False)
             async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps, finished)
-        # NeMo-RL's stall watchdog: its dict at the step just completed (held series).
-        watchdog = {row.logger_key: float(rank + steps) for row in ROLLOUT_WATCHDOG}
-        async_tee.tee_rl_metrics_to_otel(watchdog, "", steps)
+        progress[:] = [steps, time.monotonic()]
         pause.wait(args.step_seconds)
     flushed = async_tee.flush(10)
     address = session.prometheus_address
@@ -98,6 +109,7 @@ def main() -> None:
     stop.wait()  # keep serving /metrics until the test is done with it
     for _ in sys.stdin:  # and until it closes stdin
         pass
+    ended.set()
     delivered = async_tee.shutdown_telemetry(10)
     print(json.dumps({"delivered": delivered, "at": time.time()}), flush=True)
 

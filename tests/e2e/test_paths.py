@@ -170,11 +170,14 @@ def _events(log: Path) -> dict[str, float]:
 @pytest.mark.parametrize("path", stack.PATHS)
 def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_path):
     """One run of 4 ranks: 0 healthy; 1 stops stepping after 3 steps (still exporting); 2 logs
-    one NaN ``grad_norm``; 3 is killed (SIGKILL) once it has exported. Stuck fires for rank 1,
-    non-finite for rank 2, rank-gone for rank 3; nothing ever names rank 0. Rules from
+    one NaN ``grad_norm``; 3 is killed (SIGKILL) once it has exported. Stuck and rollout-idle
+    (its stall watchdog still reports) fire for rank 1, non-finite for rank 2, rank-gone for
+    rank 3; nothing ever names rank 0. Rules from
     ``async-tee alerts`` with short thresholds, evaluated every second; the seconds from each
     event to firing are printed."""
-    thresholds = alerts.AlertThresholds(stuck_after_s=5, rank_silent_s=3, for_multiplier=2 / 300)
+    thresholds = alerts.AlertThresholds(
+        stuck_after_s=5, rollout_idle_s=5, rank_silent_s=3, for_multiplier=2 / 300
+    )
     base = free_ports(4) if path == "scrape" else None
     targets = tuple(f"127.0.0.1:{base + r}" for r in range(4)) if base else ()
     # The Collector's prometheus exporter serves a series that stopped arriving this long.
@@ -200,7 +203,12 @@ def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_p
             assert exported, f"{path}: rank 3 never exported"
             procs[3].kill()
             killed = time.time()
-            wanted = {("RLTrainerStuck", "1"), ("RLNonFiniteValues", "2"), ("RLRankGone", "3")}
+            wanted = {
+                ("RLTrainerStuck", "1"),
+                ("RLRolloutIdle", "1"),  # its stall watchdog goes on reporting, idle growing
+                ("RLNonFiniteValues", "2"),
+                ("RLRankGone", "3"),
+            }
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not wanted <= seen.keys():
                 with contextlib.suppress(OSError):
@@ -221,6 +229,7 @@ def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_p
     nan_at = _events(tmp_path / "rank-2.log")["nan"]
     took = {
         "RLTrainerStuck": seen[("RLTrainerStuck", "1")] - last_step,
+        "RLRolloutIdle": seen[("RLRolloutIdle", "1")] - last_step,
         "RLNonFiniteValues": seen[("RLNonFiniteValues", "2")] - nan_at,
         "RLRankGone": seen[("RLRankGone", "3")] - killed,
     }
@@ -229,6 +238,7 @@ def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_p
         + json.dumps({k: round(v, 1) for k, v in took.items()})
     )
     assert took["RLTrainerStuck"] >= thresholds.stuck_after_s  # not before its threshold
+    assert took["RLRolloutIdle"] >= thresholds.rollout_idle_s
     assert {ends[rank] for rank in (0, 1, 2)} == {True}, ends
 
 

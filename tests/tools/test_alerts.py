@@ -71,10 +71,14 @@ def test_thresholds_reach_the_rules():
     rules = {
         r.name: r
         for r in alerts.alert_rules(
-            alerts.AlertThresholds(stuck_after_s=60, straggler_steps=3, for_multiplier=2)
+            alerts.AlertThresholds(
+                stuck_after_s=60, rollout_idle_s=120, straggler_steps=3, for_multiplier=2
+            )
         )
     }
-    assert rules["RLTrainerStuck"].expr.endswith("> 60")
+    assert "> 60 unless" in rules["RLTrainerStuck"].expr
+    assert rules["RLTrainerStuck"].expr.endswith("< 60)")  # the watchdog's idle, same bound
+    assert rules["RLRolloutIdle"].expr.endswith("> 120")
     assert rules["RLTrainerStuck"].for_s == 600
     assert rules["RLStraggler"].expr.endswith("> 3")
     assert rules["RLNoFirstStep"].for_s == 2 * 7200
@@ -105,7 +109,7 @@ def test_impossible_thresholds_are_refused(bad):
 def test_the_command_writes_the_file_with_the_flags(tmp_path, capsys):
     out = tmp_path / "rules.yml"
     assert cli.main(["alerts", "--output", str(out), "--stuck-after", "20m"]) == 0
-    assert "wrote 10 rules" in capsys.readouterr().out
+    assert "wrote 11 rules" in capsys.readouterr().out
     text = out.read_text()
     assert text == alerts.render_rules(alerts.AlertThresholds(stuck_after_s=1200))
     assert "target_info > 1200" in text
@@ -167,6 +171,23 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "at": "32m",
         "labels": {**RANK0, **IDENTITY, "rl_rank": "0"},
         "value": "22m 0s",
+    },
+    "RLRolloutIdle": {
+        # NeMo-RL's watchdog: progress until 10 min, then idle grows a minute a minute; over
+        # 10 min at 21 min, for 1 min.
+        "fires": [
+            *identities((RANK0, 0, "1x40")),
+            series("rl_step_time_seconds", RANK0, "0+60x10 600x30"),
+            series("rl_rollout_idle_seconds", RANK0, "0x10 0+60x30"),
+        ],
+        "quiet": [  # steps stop, but rollouts keep committing: a long step, not a hang
+            *identities((RANK0, 0, "1x40")),
+            series("rl_step_time_seconds", RANK0, "0+60x10 600x30"),
+            series("rl_rollout_idle_seconds", RANK0, "0x10 30x30"),
+        ],
+        "at": "23m",
+        "labels": {**RANK0, **IDENTITY, "rl_rank": "0"},
+        "value": "12m 0s",
     },
     "RLNoFirstStep": {
         # Exporting (its queue's capacity) for over 2 h, and no step: start-up, not stuck.
@@ -376,3 +397,24 @@ def test_a_stuck_rank_pends_before_it_fires(tmp_path, promtool):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert scenario["at"] == "32m"  # and fired by then: the test above
+
+
+@needs_promtool
+@pytest.mark.parametrize(("idle", "fires"), [("0x10 30x50", False), ("0x10 0+60x50", True)])
+def test_a_long_step_with_rollouts_committing_is_not_stuck(tmp_path, promtool, idle, fires):
+    """The stuck rule's history, with NeMo-RL's watchdog: steps stop at 10 min; while the
+    watchdog sees rollouts committing (idle 30 s) it is a long step, not a hang."""
+    rule = next(r for r in alerts.alert_rules() if r.name == "RLTrainerStuck")
+    scenario = SCENARIOS[rule.name]
+    history = [*scenario["fires"], series("rl_rollout_idle_seconds", RANK0, idle)]
+    test = unit_tests([rule])
+    test["tests"] = test["tests"][:1]
+    test["tests"][0]["input_series"] = history
+    if not fires:
+        test["tests"][0]["alert_rule_test"][0]["exp_alerts"] = []
+    (tmp_path / "rules.yml").write_text(alerts.render_rules())
+    (tmp_path / "tests.yml").write_text(json.dumps(test))
+    done = subprocess.run(
+        [promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
