@@ -98,6 +98,7 @@ def series_catalog() -> list[CatalogEntry]:
         _series.STEP_PHASE_DURATION.name: "step",
         _series.STEP.name: "step",
         _series.STEP_TIME.name: "step",
+        _series.GEN_FLEET_SHARDS.name: "watchdog",
     }
     entries += [
         _entry(

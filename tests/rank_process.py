@@ -63,6 +63,9 @@ def main() -> None:
             if step:
                 watchdog = {row.logger_key: float(rank + step) for row in ROLLOUT_WATCHDOG}
                 watchdog["rollout/idle_s"] = time.monotonic() - at
+                watchdog["gen_fleet/shards/healthy"] = 4.0
+                watchdog["gen_fleet/shards/dead"] = float(rank)
+                watchdog["gen_fleet/restart_attempts/0"] = 0.0  # per shard: not read
                 async_tee.tee_rl_metrics_to_otel(watchdog, "", step)
 
     threading.Thread(target=stall_watchdog, name="stall-watchdog", daemon=True).start()

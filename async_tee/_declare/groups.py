@@ -68,7 +68,9 @@ def metric_specs() -> list[MetricSpec]:
         for row in recorded_metrics()
     ]
     specs += [
-        MetricSpec(series.key, series.name, series.kind, series.unit, series.description)
+        MetricSpec(
+            series.key, series.name, series.kind, series.unit, series.description, held=series.held
+        )
         for series in _series.DERIVED
     ]
     return specs

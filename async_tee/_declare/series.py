@@ -16,6 +16,7 @@ RL_EFFICIENCY_WINDOW_ATTR = "rl.efficiency.window"
 RL_BUCKET_ATTR = "rl.bucket"
 RL_SETUP_PHASE_ATTR = "rl.setup.phase"
 RL_STEP_PHASE_ATTR = "rl.step.phase"
+RL_SHARD_STATE_ATTR = "rl.shard.state"
 RL_STEP_PHASE_DURATION_METRIC = "rl.step.phase.duration"
 
 SELF_METRIC_GROUP = "async_tee"
@@ -52,6 +53,7 @@ class Series:
     attributes: tuple[str, ...] = ()
     logger_key: str = ""
     stats_field: str = ""
+    held: bool = False
 
     @property
     def triple(self) -> tuple[str, str, str]:
@@ -118,6 +120,19 @@ STEP_TIME = Series(
     logger_key="step",
 )
 
+GEN_FLEET_SHARDS = Series(
+    "gen_fleet_shards",
+    "rl.gen_fleet.shards",
+    "gauge",
+    "{shard}",
+    "Generation shards per state, as NeMo-RL's fleet health last reported them (held).",
+    (RL_SHARD_STATE_ATTR,),
+    "gen_fleet/shards/<state>",
+    held=True,
+)
+SHARD_STATES = ("healthy", "suspect", "dead", "restarting", "stale", "retired")
+"""NeMo-RL's ``ShardState`` values: the states ``rl.gen_fleet.shards`` reads (bounded)."""
+
 DERIVED: tuple[Series, ...] = (
     EFFICIENCY_SECONDS,
     EFFICIENCY_PCT,
@@ -125,6 +140,7 @@ DERIVED: tuple[Series, ...] = (
     STEP_PHASE_DURATION,
     STEP,
     STEP_TIME,
+    GEN_FLEET_SHARDS,
 )
 """The ``rl.*`` series the tee derives itself; no declared row may take their names."""
 

@@ -74,6 +74,14 @@ STALE_STEP = "stale_step"
 """The reason a gauge value of a dict of an older step is not taken: the tables hold a
 newer step's values, and an export names one step (docs/semantics.md §9)."""
 
+UNKNOWN_STATE = "unknown_state"
+"""A ``gen_fleet/shards/<state>`` key whose state is not one of NeMo-RL's (``SHARD_STATES``)."""
+PER_SHARD = "per_shard"
+"""A per-shard key of NeMo-RL's fleet health (``gen_fleet/restart_attempts/<shard>``, ...):
+not read, one attribute set a shard would grow with the fleet."""
+FLEET_SHARDS_PREFIX = "gen_fleet/shards/"
+PER_SHARD_PREFIXES = ("gen_fleet/restart_attempts/", "gen_fleet/shard_weight_version/")
+
 LEFT_OUT_REASON = "left_out"
 """The reason for keys the caller left out of a snapshot: past the bound of a dict read
 whole, or a key whose lookup raised (docs/semantics.md §6)."""
@@ -87,6 +95,8 @@ SKIP_REASONS = (
     UNKNOWN_CATEGORY,
     STALE_STEP,
     LEFT_OUT_REASON,
+    UNKNOWN_STATE,
+    PER_SHARD,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an
@@ -320,6 +330,31 @@ def held_values(
             continue
         values[key] = value
     return values
+
+
+def fleet_values(
+    metrics: Mapping[str, Any], skipped: Skipped | None = None
+) -> Iterator[tuple[str, float]]:
+    """A ``""`` dict's shard counts per state: ``(state, count)`` (docs/semantics.md §3g).
+
+    Only NeMo-RL's states are read (a bounded attribute); another state's key, and every
+    per-shard key, is left out and counted in ``skipped`` (``unknown_state``, ``per_shard``).
+    """
+    for key, raw in metrics.items():
+        if type(key) is not str or not key.startswith("gen_fleet/"):
+            continue
+        if key.startswith(FLEET_SHARDS_PREFIX):
+            state = key[len(FLEET_SHARDS_PREFIX) :]
+            if state not in _series.SHARD_STATES:
+                count_skipped(skipped, UNKNOWN_STATE)
+                continue
+            value = as_scalar(raw)
+            if value is None:
+                count_skipped(skipped, skip_reason(raw))
+                continue
+            yield state, value
+        elif key.startswith(PER_SHARD_PREFIXES):
+            count_skipped(skipped, PER_SHARD)
 
 
 def efficiency_values(

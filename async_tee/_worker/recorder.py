@@ -28,6 +28,7 @@ from async_tee._worker.mapping import (
     compile_plan,
     count_skipped,
     efficiency_values,
+    fleet_values,
     held_values,
     map_efficiency_pct,
     map_setup_seconds,
@@ -148,6 +149,7 @@ class RLRecorder:
         self._tables: Mapping[str, Table] | None = None
         self._per_step: tuple[Table, ...] | None = None
         self._phases: dict[str, FrozenAttributes] = {}
+        self._state_attributes: dict[str, FrozenAttributes] = {}
         # While the first step the session numbers itself is open, a counter key logged a
         # third time in it shows the loop ends no step with a step-ending dict: the copies
         # held back are added after all, and ``unmarked`` tells the step clock to stop
@@ -192,10 +194,24 @@ class RLRecorder:
                     self.record(values)
             if prefix == "":
                 self.tee_efficiency(metrics, stale)
+                self.tee_fleet(metrics)
             elif prefix == STEP_TIMING_PREFIX:
                 self.tee_step_phases(metrics, stale)
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:body", "async_tee: teeing a dict failed")
+
+    def tee_fleet(self, metrics: Mapping[str, Any]) -> None:
+        """Record NeMo-RL's shard counts per state (held: whatever the dict's step)."""
+        try:
+            for state, count in fleet_values(metrics, self.skipped):
+                attributes = self._state_attributes.get(state)
+                if attributes is None:  # one per known state: bounded
+                    attributes = self._state_attributes[state] = FrozenAttributes(
+                        {_series.RL_SHARD_STATE_ATTR: state}
+                    )
+                self.record({_series.GEN_FLEET_SHARDS.key: count}, attributes)
+        except Exception:  # noqa: BLE001 - one family's failure must not stop the others
+            warn_once("tee:fleet", "async_tee: teeing the generation fleet's states failed")
 
     def _phase_attributes(self, phase: str) -> FrozenAttributes | dict[str, str]:
         """A phase's attribute set, built once per phase (a bounded number of them)."""

@@ -174,7 +174,9 @@ def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(c
         )
         logger.log_metrics({"accuracy": 0.5, "avg_length": 99, "pass_k": 0.75}, 43, "validation")
         # NeMo-RL's stall watchdog: held series, logged at the last completed step.
-        logger.log_metrics({key: 2.0 for key in WATCHDOG_KEYS}, 42)
+        watchdog = {key: 2.0 for key in WATCHDOG_KEYS}
+        watchdog.update({"gen_fleet/shards/healthy": 3.0, "gen_fleet/restart_attempts/0": 1.0})
+        logger.log_metrics(watchdog, 42)
         logger.log_metrics({"total_validation_time": 3.5}, 43, "timing/validation", None, True)
         assert async_tee.flush()
         step_43, _ = parse(prometheus_client.generate_latest(registry_).decode())

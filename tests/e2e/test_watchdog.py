@@ -28,6 +28,12 @@ def _watchdog(idle_s: float, committed: float, skipped: float = 0.0) -> dict[str
         "rollout/idle_s": idle_s,
         "rollout/train_steps": 3.0,
         "gen_fleet/serving_shards": 4.0,
+        "gen_fleet/shards/healthy": 3.0,
+        "gen_fleet/shards/dead": 1.0,
+        "gen_fleet/shards/zombie": 1.0,  # a state NeMo-RL does not have: left out, counted
+        "gen_fleet/membership_epoch": 2.0,
+        "gen_fleet/restart_attempts/0": 2.0,  # per shard: left out, counted
+        "gen_fleet/shard_weight_version/0": 5.0,
     }
 
 
@@ -38,7 +44,8 @@ def _at(sink: OtlpSink, name: str, time_unix_nano: int) -> float | None:
     return found[-1] if found else None
 
 
-def test_watchdog_keys_are_held_and_its_totals_exported_as_logged(sink):
+@pytest.mark.parametrize("call", ["two-argument", "four-argument"])
+def test_watchdog_keys_are_held_and_its_totals_exported_as_logged(sink, call):
     session = async_tee.start_telemetry(
         environ={
             "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
@@ -53,7 +60,10 @@ def test_watchdog_keys_are_held_and_its_totals_exported_as_logged(sink):
     assert async_tee.flush(5)
     # Steps stop; the watchdog logs at the last completed step, the two-argument call.
     for idle_s, committed in ((30.0, 5.0), (60.0, 7.0), (90.0, 7.0)):
-        logger.log_metrics(_watchdog(idle_s, committed), 3)
+        if call == "two-argument":
+            logger.log_metrics(_watchdog(idle_s, committed), 3)
+        else:
+            logger.log_metrics(_watchdog(idle_s, committed), 3, "", None)
     assert async_tee.flush(5)
     assert session.flush_and_export(5)
     points = {p.name: p for p in sink.points()}
@@ -66,7 +76,15 @@ def test_watchdog_keys_are_held_and_its_totals_exported_as_logged(sink):
         "cumulative",
     )
     assert points["rl.gen_fleet.serving_shards"].value == 4.0
-    assert async_tee.stats()["values_skipped"].get("stale_step", 0) == 0
+    shards = {
+        p.attributes["rl.shard.state"]: p.value
+        for p in sink.points()
+        if p.name == "rl.gen_fleet.shards"
+    }
+    assert shards == {"healthy": 3.0, "dead": 1.0}  # a bounded attribute: the known states
+    skipped = async_tee.stats()["values_skipped"]
+    assert skipped["stale_step"] == 0  # none of the watchdog's values was taken as stale
+    assert (skipped["unknown_state"], skipped["per_shard"]) == (3, 6)  # three dicts
 
     # Held for the run: a step's export carries the state though the step did not log it.
     logger.log_metrics({"reward": 4.0}, 4, "train")
