@@ -154,3 +154,24 @@ def test_a_hung_trainers_watchdog_reaches_the_receiver_while_its_steps_stop(sink
     totals = [p.value for p in sink.points() if p.name == "rl.rollout.committed"]
     assert max(totals) == 10.0 + ticks  # the last logged total, exactly
     assert set(totals) <= {10.0 + tick for tick in range(1, ticks + 1)}  # never a sum
+
+
+def test_a_restarted_trainers_totals_start_afresh(sink):
+    """A trainer that restarts (a new session: a new process, or a new start in this one)
+    exports its own running totals from its own start, nothing carried over."""
+    for totals in ((20.0, 25.0), (1.0, 3.0)):
+        async_tee.start_telemetry(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint})
+        logger = async_tee.Logger()
+        logger.log_metrics({"reward": 1.0}, 1, "train")
+        logger.log_metrics({"total_step_time": 1.0}, 1, "timing/train", step_finished=True)
+        for committed in totals:
+            logger.log_metrics({"rollout/committed_total": committed}, 1)
+        assert async_tee.shutdown_telemetry(5)
+    got = [
+        p.value
+        for p in sorted(sink.points(), key=lambda p: p.time_unix_nano)
+        if p.name == "rl.rollout.committed"
+    ]
+    assert got[-1] == 3.0  # the second run's own total
+    assert 25.0 in got  # the first run's, before it
+    assert set(got) <= {20.0, 25.0, 1.0, 3.0}  # each a logged total, never a sum
