@@ -54,10 +54,10 @@ class Store(Protocol):
 
 
 ScalarPlan = tuple[tuple[str, str, bool, "Store | None"], ...]
-HeldPlan = tuple[tuple[str, str], ...]
-"""A prefix's held rows (``TeedMetric.held``): ``(logger key, registry key)``."""
 """Per declared row of one prefix: its ``Logger`` key, its registry key, whether it is a
 counter (fed per-step deltas), and its table (None: every value takes the registry's checks)."""
+HeldPlan = tuple[tuple[str, str], ...]
+"""A prefix's held rows (``TeedMetric.held``): ``(logger key, registry key)``."""
 ROWS_PER_OFFER = 256
 """Declared rows mapped between two offers of the GIL (a few hundred µs at most)."""
 
