@@ -329,3 +329,15 @@ def _install_exit_hook() -> None:
     if not _EXIT_HOOK_INSTALLED:
         _EXIT_HOOK_INSTALLED = True
         atexit.register(_shutdown_at_exit)
+        if hasattr(os, "register_at_fork"):
+            # asyncio (3.12+) resets the wake-up fd in a forked child from a hook of its
+            # own: this one, registered after it, runs after it (docs/semantics.md §7).
+            import asyncio  # noqa: F401 - its hook first; the worker imports it anyway
+
+            os.register_at_fork(after_in_child=_after_fork_in_child_after_asyncio)
+
+
+def _after_fork_in_child_after_asyncio() -> None:
+    pipeline = active()
+    if pipeline is not None:
+        pipeline.rewatch_signals()

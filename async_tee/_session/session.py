@@ -162,6 +162,10 @@ class Pipeline:
         self._signals.restore()  # what the session changed, where it still holds
         return delivered
 
+    def rewatch_signals(self) -> None:
+        """In a forked child, after every at-fork hook: the wake-up fd points at our pipe."""
+        self._signals.rewatch()
+
     def release_signals(self) -> None:
         """Restore the signal handlers where ours hold (shutdown can't off the main thread)."""
         self._signals.restore()
