@@ -114,6 +114,12 @@ def test_every_query_on_every_path_finds_its_run_and_rank_only(path, tmp_path):
                 lambda r: r and float(r[0]["value"][1]) == 4,
             )
             assert filled, f"{path}: rates over 1m never covered every rank"
+            watched = wait_for_query(  # the stall watchdog's thread: two samples a rank
+                web,
+                "count(count_over_time(rl_rollout_committed_total[1m]) > 1)",
+                lambda r: r and float(r[0]["value"][1]) == 4,
+            )
+            assert watched, f"{path}: the watchdog's series never reached every rank"
 
             # One name per series on every path: what the server holds is the catalog's.
             held = query(web, 'group by (__name__) ({__name__=~"(rl|async_tee)_.+"})')
