@@ -129,7 +129,7 @@ async_tee.shutdown_telemetry(5)
 
 @pytest.mark.slow
 def test_a_hung_trainers_watchdog_reaches_the_receiver_while_its_steps_stop(sink):
-    ticks = 15  # 3 s: the worker drains about once a second while steps stand still
+    ticks = 20  # 4 s: the worker drains about once a second while steps stand still
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(TRAINER)],
         env={
