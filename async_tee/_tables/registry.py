@@ -68,6 +68,17 @@ class Instrument:
             limit,
         )
 
+    def refuse_negative(self, value: float, what: str) -> None:
+        """Count and report (once per series) a negative ``what`` (delta, total) of a counter."""
+        self.owner.counts.rejected += 1
+        warn_once(
+            f"negative:{self.spec.name}",
+            "async_tee: counter %s got a negative %s %r; dropped",
+            self.spec.name,
+            what,
+            value,
+        )
+
 
 class LastValue(Instrument):
     """A gauge: the latest value per attribute set, reported by an observable gauge.
@@ -159,13 +170,7 @@ class RunningTotal(LastValue):
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if self.monotonic and value < 0:
-            self.owner.counts.rejected += 1
-            warn_once(
-                f"negative:{self.spec.name}",
-                "async_tee: counter %s got a negative delta %r; dropped",
-                self.spec.name,
-                value,
-            )
+            self.refuse_negative(value, "delta")
             return
         with self.owner.lock:
             if self._admit(attributes):
@@ -209,13 +214,7 @@ class HeldValue(LastValue):
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if self.spec.kind == "counter" and value < 0:
-            self.owner.counts.rejected += 1
-            warn_once(
-                f"negative:{self.spec.name}",
-                "async_tee: counter %s got a negative total %r; dropped",
-                self.spec.name,
-                value,
-            )
+            self.refuse_negative(value, "total")
             return
         super().record(value, attributes)
 

@@ -446,6 +446,21 @@ def test_negative_counter_delta_warns_once(meter, reader, logs):
     assert collect(reader) == {("rl.c", NO_ATTRS): 5.0}
 
 
+def test_a_held_counter_keeps_its_last_total_and_refuses_a_negative_one(meter, reader, logs):
+    register_metric_group("g", [MetricSpec("h", "rl.h", kind="counter", held=True)])
+    for total in (5.0, 7.0, 7.0):  # running totals, as logged: replaced, never added up
+        record_metrics(meter, "g", {"h": total})
+
+    def rec():
+        record_metrics(meter, "g", {"h": -1.0})
+
+    message = _assert_warned_once_then_debug(logs, rec, rec)
+    assert "rl.h" in message
+    assert "total" in message
+    assert registry.instrument_registry(meter).counts.rejected == 2
+    assert collect(reader) == {("rl.h", NO_ATTRS): 7.0}
+
+
 def test_value_for_an_observable_key_warns_once(meter, reader, logs):
     register_metric_group(
         "g", [MetricSpec("obs", "rl.obs", kind="observable_gauge", callback=_observe_five)]
