@@ -231,15 +231,18 @@ def _protocol(environ: Mapping[str, str]) -> str:
 
 def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
     endpoint = _endpoint_of(environ, protocol)
-    defaulted = _first(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
-    if protocol != "grpc" and defaulted is None and _port_of(endpoint) == 4317:
+    chosen = _first(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL)
+    grpc_port = _port_of(DEFAULT_GRPC_ENDPOINT)
+    if protocol != "grpc" and chosen is None and _port_of(endpoint) == grpc_port:
         # The Python SDK's otlp exporter defaults to gRPC: its users point at 4317.
         warn_once(
             "env:otlp-grpc-port",
             "async_tee: exporting OTLP/HTTP (the default protocol, as in the OTel "
-            "specification) to %s, the OTLP/gRPC port 4317: every export will fail. Set "
-            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or use the collector's OTLP/HTTP port, 4318",
+            "specification) to %s, the OTLP/gRPC port %d: every export will fail. Set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or use the collector's OTLP/HTTP port, %d",
             redact_url(endpoint),
+            grpc_port,
+            _port_of(DEFAULT_HTTP_ENDPOINT),
         )
     return endpoint
 
