@@ -331,7 +331,8 @@ def _install_exit_hook() -> None:
         atexit.register(_shutdown_at_exit)
         if hasattr(os, "register_at_fork"):
             # asyncio (3.12+) resets the wake-up fd in a forked child from a hook of its
-            # own: this one, registered after it, runs after it (docs/semantics.md §7).
+            # own: the child's signal pipe is made in this one, registered after it, so
+            # run after it (docs/semantics.md §7).
             import asyncio  # noqa: F401 - its hook first; the worker imports it anyway
 
             os.register_at_fork(after_in_child=_after_fork_in_child_after_asyncio)
@@ -340,4 +341,4 @@ def _install_exit_hook() -> None:
 def _after_fork_in_child_after_asyncio() -> None:
     pipeline = active()
     if pipeline is not None:
-        pipeline.rewatch_signals()
+        pipeline._after_fork_in_child_signals()

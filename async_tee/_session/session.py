@@ -162,10 +162,6 @@ class Pipeline:
         self._signals.restore()  # what the session changed, where it still holds
         return delivered
 
-    def rewatch_signals(self) -> None:
-        """In a forked child, after every at-fork hook: the wake-up fd points at our pipe."""
-        self._signals.rewatch()
-
     def release_signals(self) -> None:
         """Restore the signal handlers where ours hold (shutdown can't off the main thread)."""
         self._signals.restore()
@@ -262,6 +258,15 @@ class Pipeline:
             with contextlib.suppress(RuntimeError):
                 self.worker.busy.release()
 
+    def _after_fork_in_child_signals(self) -> None:
+        """The child's own signal pipe and thread.
+
+        After asyncio's at-fork hook, which resets the wake-up fd: ``_session/lifecycle``
+        calls it from a hook registered after asyncio's.
+        """
+        if not self._closed:
+            self._signals.after_fork_in_child()
+
     def _after_fork_in_child(self) -> bool:
         """Go on as the child's own session: a fresh queue, worker, counts and step memory.
 
@@ -276,7 +281,6 @@ class Pipeline:
         self.instruments.counts = RegistryCounts()
         self.exports.after_fork_in_child()
         self._export_stats.forget()
-        self._signals.after_fork_in_child()
         try:
             self._new_worker()
             return self.worker.start()

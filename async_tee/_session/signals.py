@@ -99,7 +99,8 @@ class SignalFlush:
         """Re-make the signal thread in a forked child (``fork`` keeps only the forking thread).
 
         The child inherits the wake-up fd, pointing at the parent's pipe, which nobody in
-        the child reads: it gets a pipe and a thread of its own. Never raises.
+        the child reads: it gets a pipe and a thread of its own. Called after asyncio's own
+        at-fork hook (Python 3.12+), which sets the wake-up fd to -1. Never raises.
         """
         self._responding = threading.Lock()  # the parent's thread may have held them
         self._counted = threading.Condition()
@@ -116,23 +117,6 @@ class SignalFlush:
                 self._watch()
         except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
             logger.debug("async_tee: no signal thread in the forked child")
-
-    def rewatch(self) -> None:
-        """Point the wake-up fd at this thread's pipe again if an at-fork hook reset it.
-
-        asyncio's own after-fork hook (Python 3.12+) sets the child's wake-up fd to -1
-        after ours gave the child a pipe: the signal thread would then never hear a
-        signal. One set by someone else stays theirs. Main thread only; never raises.
-        """
-        pipe = self._pipe
-        if pipe is None or threading.current_thread() is not threading.main_thread():
-            return
-        try:
-            current = signal.set_wakeup_fd(pipe[1], warn_on_full_buffer=False)
-            if current not in (-1, pipe[1]):  # someone else's since: theirs stays
-                signal.set_wakeup_fd(current)
-        except Exception:  # noqa: BLE001 - a fork must never fail because of telemetry
-            logger.debug("async_tee: could not point the wake-up fd at the signal thread")
 
     def check(self) -> None:
         """Notice a handler installed over ours (the worker, at a completed step). Never raises.
