@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 import requests
@@ -202,10 +202,11 @@ def exporter_transport(endpoint: str) -> Any:
             self._send_lock = threading.Lock()
             self._start_polite()
 
-        def _connect(self, url: str, timeout: float | None) -> http.client.HTTPConnection:
+        def _connect(
+            self, target: SplitResult, timeout: float | None
+        ) -> http.client.HTTPConnection:
             connection = self._connection
             if connection is None:
-                target = urlsplit(url)
                 if target.scheme == "https":
                     connection = http.client.HTTPSConnection(
                         target.hostname or "", target.port, timeout=timeout, context=self._context
@@ -235,8 +236,8 @@ def exporter_transport(endpoint: str) -> Any:
                 return Result(error=TimeoutError(_NO_TIME_LEFT))
             with self._send_lock:
                 try:
-                    connection = self._connect(url, timeout)
                     target = urlsplit(url)
+                    connection = self._connect(target, timeout)
                     path = target.path + (f"?{target.query}" if target.query else "")
                     connection.request(method, path or "/", body=data, headers=headers or {})
                     response = connection.getresponse()
