@@ -46,10 +46,14 @@ class Settings:
     otlp_protocol: str = "http/protobuf"  # the OTel specification's default
     otlp_endpoint: str = DEFAULT_HTTP_ENDPOINT + "/v1/metrics"
     otlp_headers: tuple[tuple[str, str], ...] = ()
-    encoder: str = "tables"
     otlp_timeout_s: float = 10.0
     otlp_compression: str = "none"
     otlp_insecure: bool | None = None
+    otlp_certificate: str = ""
+    otlp_client_certificate: str = ""
+    otlp_client_key: str = ""
+    otlp_proxy: str = ""  # the HTTP(S)_PROXY that applies to the endpoint, not NO_PROXY'd
+    export_backlog_bytes: int = 64 * 1024 * 1024
     export_interval_ms: float = 60_000.0
     export_timeout_ms: float = 30_000.0
     prometheus_host: str = "127.0.0.1"
@@ -78,6 +82,7 @@ class Settings:
         fields = dataclasses.asdict(self)
         fields["otlp_headers"] = [name for name, _ in self.otlp_headers]
         fields["otlp_endpoint"] = redact_url(self.otlp_endpoint)
+        fields["otlp_proxy"] = redact_url(self.otlp_proxy)
         return " ".join(f"{name}={value!r}" for name, value in fields.items())
 
     def __repr__(self) -> str:
@@ -87,9 +92,10 @@ class Settings:
     def secrets(self) -> tuple[str, ...]:
         """The text no log line, figure or repr may show: header values, URL credentials."""
         found = [value for _, value in self.otlp_headers if value]
-        userinfo = _userinfo(self.otlp_endpoint)
-        if userinfo:
-            found += [userinfo, *(part for part in userinfo.split(":") if part)]
+        for url in (self.otlp_endpoint, self.otlp_proxy):
+            userinfo = _userinfo(url)
+            if userinfo:
+                found += [userinfo, *(part for part in userinfo.split(":") if part)]
         return tuple(sorted(set(found), key=len, reverse=True))
 
 

@@ -64,11 +64,9 @@ ASYNC_TEE_EXPORT_RANKS = "ASYNC_TEE_EXPORT_RANKS"
 only; ``local0``: local rank 0 of each node. On the others ``start_telemetry`` starts
 nothing and the tee stays a no-op. A process with no launcher rank counts as rank 0."""
 
-ASYNC_TEE_ENCODER = "ASYNC_TEE_ENCODER"
-"""``tables`` (default) | ``sdk``: how an OTLP export's request is built for a provider
-async_tee builds. ``tables``: straight from async_tee's tables (``_export/table_encode``), the same
-request as the SDK's at a fraction of the CPU; ``sdk``: the SDK's collection, encoded (the
-reference it is tested against)."""
+ASYNC_TEE_EXPORT_BACKLOG_BYTES = "ASYNC_TEE_EXPORT_BACKLOG_BYTES"
+"""int bytes, default 67108864 (64 MiB): the OTLP requests kept while the receiver is away,
+sent in order when it answers; past it the oldest go, counted (docs/semantics.md §7)."""
 
 ASYNC_TEE_PROMETHEUS_BASE_PORT = "ASYNC_TEE_PROMETHEUS_BASE_PORT"
 """int, default 9464: with no ``OTEL_EXPORTER_PROMETHEUS_PORT``, each local rank serves
@@ -88,6 +86,18 @@ OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
 OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"
 OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
 OTEL_EXPORTER_OTLP_METRICS_INSECURE = "OTEL_EXPORTER_OTLP_METRICS_INSECURE"
+OTEL_EXPORTER_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"
+OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE"
+OTEL_EXPORTER_OTLP_CLIENT_KEY = "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"
+OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE = (
+    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
+)
+OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION = (
+    "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+)
 OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
 OTEL_METRIC_EXPORT_TIMEOUT = "OTEL_METRIC_EXPORT_TIMEOUT"
 OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
@@ -110,7 +120,6 @@ _MILLISECONDS_THRESHOLD = 1000.0
 
 EXPORT_RANKS = ("all", "0", "local0")
 
-ENCODERS = ("tables", "sdk")
 
 _RANK_ATTRIBUTES = (
     ("rank", "rl.rank"),
@@ -318,6 +327,53 @@ def _insecure(environ: Mapping[str, str]) -> bool | None:
     return None if found is None else _bool(environ, found[0], False)
 
 
+def _path(environ: Mapping[str, str], *names: str) -> str:
+    """The first non-blank of ``names`` (a file's path), or ""."""
+    found = _first(environ, *names)
+    return found[1] if found else ""
+
+
+def _proxy(environ: Mapping[str, str], endpoint: str) -> str:
+    """The proxy ``http_proxy``/``https_proxy`` give the endpoint's scheme, unless ``no_proxy``
+    exempts its host (read as the standard library reads them, lower case first)."""
+    from urllib.request import proxy_bypass_environment  # only when a session starts
+
+    try:
+        url = urlsplit(endpoint)
+    except ValueError:
+        return ""
+    scheme = url.scheme.lower()
+    proxy = next(
+        (environ[n] for n in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY") if environ.get(n)),
+        "",
+    )
+    no_proxy = next((environ[n] for n in ("no_proxy", "NO_PROXY") if environ.get(n)), "")
+    host = url.hostname or ""
+    if not proxy or (no_proxy and proxy_bypass_environment(host, {"no": no_proxy})):
+        return ""
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _warn_unapplied(environ: Mapping[str, str]) -> None:
+    """Warn once about a variable the OTel SDK reads and async_tee's OTLP does not apply."""
+    unapplied = (
+        (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, "cumulative"),
+        (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION, "explicit_bucket_histogram"),
+        ("ASYNC_TEE_ENCODER", "tables"),
+    )
+    for name, sent in unapplied:
+        raw = environ.get(name, "").strip().lower()
+        if raw and raw != sent:
+            warn_once(
+                f"env:{name}",
+                "async_tee: %s=%s is not applied: async_tee's OTLP requests are built from its "
+                "own tables, %s (what Prometheus stores)",
+                name,
+                raw,
+                sent.replace("_", " "),
+            )
+
+
 def _start_ticks(pid: int) -> str:
     """When process ``pid`` started, in clock ticks since boot (Linux), or "" if unknown.
 
@@ -464,6 +520,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     defaults = Settings()
     enabled = _bool(env, ASYNC_TEE_ENABLED, True) and not _bool(env, OTEL_SDK_DISABLED, False)
     protocol = _protocol(env)
+    endpoint = _endpoint(env, protocol)
+    _warn_unapplied(env)
     ranks = launcher_ranks(env)
     prometheus_port, prometheus_base_port = _prometheus_ports(env, ranks)
     return Settings(
@@ -485,12 +543,26 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         exporters=_exporters(env, defaults.exporters),
         otlp_protocol=protocol,
-        otlp_endpoint=_endpoint(env, protocol),
+        otlp_endpoint=endpoint,
         otlp_headers=_headers(env),
         otlp_timeout_s=_timeout(env),
         otlp_compression=_compression(env),
-        encoder=_choice(env, (ASYNC_TEE_ENCODER,), ENCODERS),
         otlp_insecure=_insecure(env),
+        otlp_certificate=_path(
+            env, OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, OTEL_EXPORTER_OTLP_CERTIFICATE
+        ),
+        otlp_client_certificate=_path(
+            env,
+            OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE,
+            OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE,
+        ),
+        otlp_client_key=_path(
+            env, OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, OTEL_EXPORTER_OTLP_CLIENT_KEY
+        ),
+        otlp_proxy=_proxy(env, endpoint) if protocol != "grpc" else "",
+        export_backlog_bytes=_integer(
+            env, ASYNC_TEE_EXPORT_BACKLOG_BYTES, defaults.export_backlog_bytes, 1, 2**40
+        ),
         export_interval_ms=_number(
             env, OTEL_METRIC_EXPORT_INTERVAL, defaults.export_interval_ms, 1.0, 86_400_000.0
         ),

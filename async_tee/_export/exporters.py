@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from async_tee._reporting import logger, redact, warn_once
 from async_tee._settings import Settings, redact_url
+
+if TYPE_CHECKING:
+    from async_tee._export.transport import Transport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Started:
 
 
 Build = Callable[[Settings, Started], tuple[Any, ExporterState]]
-"""A row's builder: the exporter (pushed rows) or the reader (pulled rows), or None."""
+"""A row's builder: the transport and its factory (pushed rows) or the SDK's reader, or None."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +59,11 @@ class ExporterKind:
 
     Attributes:
         name: Its name in ``OTEL_METRICS_EXPORTER``.
-        pushed: async_tee's exporting thread sends its exports (``_export/reader``); else a
-            scraper pulls them and "delivered" needs no export of ours.
+        pushed: async_tee's exporting thread sends its exports (``_export/sender``), with the
+            evidence of delivery; else it is an SDK reader (the console's periodic one, or
+            Prometheus's, scraped), and "delivered" needs no export of ours.
         step_export: It gets an export of each completed step (``ASYNC_TEE_STEP_EXPORT``).
+        serves: It serves ``/metrics`` for a scraper.
         build: Builds it from the settings.
     """
 
@@ -67,6 +71,7 @@ class ExporterKind:
     pushed: bool
     step_export: bool
     build: Build
+    serves: bool = False
 
 
 def _failed(name: str, where: str, error: str) -> tuple[None, ExporterState]:
@@ -103,65 +108,15 @@ def _endpoint_problem(settings: Settings) -> str | None:
     return None
 
 
-# OTEL_EXPORTER_OTLP_COMPRESSION's values, named as gRPC's enum names them. Passed to the
-# exporter explicitly, so start_telemetry(environ=...) is honoured (it reads os.environ).
-_GRPC_COMPRESSION = {"none": "NoCompression", "gzip": "Gzip", "deflate": "Deflate"}
-
-
-def _otlp_exporter(settings: Settings) -> Any:
-    headers = dict(settings.otlp_headers) or None
+def transport_factory(settings: Settings) -> Callable[[], Transport]:
+    """What makes the OTLP transport ``settings`` ask for (``OTEL_EXPORTER_OTLP_PROTOCOL``)."""
     if settings.otlp_protocol == "grpc":
-        import grpc
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from async_tee._export.grpc_transport import GrpcTransport
 
-        from async_tee._export.encode import sends_encoded, sliced
+        return lambda: GrpcTransport(settings)
+    from async_tee._export.http_transport import HttpTransport
 
-        insecure = settings.otlp_insecure
-        if insecure is None:
-            insecure = settings.otlp_endpoint.startswith("http://")
-        grpc_class = sliced(OTLPMetricExporter)
-        grpc_exporter = grpc_class(
-            endpoint=settings.otlp_endpoint,
-            insecure=insecure,
-            headers=headers,
-            timeout=settings.otlp_timeout_s,
-            compression=getattr(grpc.Compression, _GRPC_COMPRESSION[settings.otlp_compression]),
-            # The channel's own subchannels, closed with it (from the process-wide pool they
-            # outlive it), each connection attempt bounded by the export timeout: a closed
-            # channel's connection still in its handshake with a silent peer lives until
-            # that attempt's deadline (gRPC's default: 20 s).
-            channel_options=(
-                ("grpc.use_local_subchannel_pool", 1),
-                ("grpc.min_reconnect_backoff_ms", max(1, int(settings.otlp_timeout_s * 1000))),
-            ),
-        )
-        # A request built from the tables takes the same hook and its own stub (_export/encode).
-        grpc_exporter.async_tee_takes_requests = sends_encoded(grpc_exporter)
-        return grpc_exporter
-    from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HTTPMetricExporter,
-    )
-
-    from async_tee._export.encode import sends_encoded, takes_requests
-    from async_tee._export.http_session import ExporterSession, exporter_transport
-
-    # Abortable, pinned to its certificate, honouring Retry-After: the SDK's urllib3
-    # transport where the SDK takes one and no proxy applies, else a requests session.
-    takes_transport = "_transport" in inspect.signature(HTTPMetricExporter.__init__).parameters
-    transport = exporter_transport(settings.otlp_endpoint) if takes_transport else None
-    sender = transport if transport is not None else ExporterSession()
-    http_class = takes_requests(HTTPMetricExporter)
-    exporter: Any = (http_class or HTTPMetricExporter)(
-        endpoint=settings.otlp_endpoint,
-        headers=headers,
-        timeout=settings.otlp_timeout_s,
-        compression=Compression(settings.otlp_compression),
-        **({"session": sender} if transport is None else {"_transport": transport}),
-    )
-    exporter.async_tee_session = sender  # the reader's handle on it
-    exporter.async_tee_takes_requests = sends_encoded(exporter)
-    return exporter
+    return lambda: HttpTransport(settings)
 
 
 def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
@@ -174,18 +129,28 @@ def _build_otlp(settings: Settings, started: Started) -> tuple[Any, ExporterStat
         )
         return _failed("otlp", endpoint, fix)
     try:
-        exporter = _otlp_exporter(settings)
+        make = transport_factory(settings)
+        first = make()  # a certificate that cannot be read fails here, at start
     except Exception as exc:  # noqa: BLE001 - a bad setting must not stop training
         error = redact(str(exc), settings.secrets)
         fix = f"{type(exc).__name__}: {error}; check the OTEL_EXPORTER_OTLP_* variables"
         return _failed("otlp", endpoint, fix)
-    return exporter, ExporterState("otlp", True, endpoint)
+    return (first, make), ExporterState("otlp", True, endpoint)
 
 
 def _build_console(settings: Settings, started: Started) -> tuple[Any, ExporterState]:
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+    """The SDK's console exporter on its own periodic reader (``OTEL_METRIC_EXPORT_INTERVAL``)."""
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
 
-    return ConsoleMetricExporter(), ExporterState("console", True, "stdout")
+    reader = PeriodicExportingMetricReader(
+        ConsoleMetricExporter(),
+        export_interval_millis=settings.export_interval_ms,
+        export_timeout_millis=settings.export_timeout_ms,
+    )
+    return reader, ExporterState("console", True, "stdout")
 
 
 def _port_fix(settings: Settings) -> str:
@@ -236,8 +201,14 @@ EXPORTER_KINDS: Mapping[str, ExporterKind] = MappingProxyType(
         kind.name: kind
         for kind in (
             ExporterKind("otlp", pushed=True, step_export=True, build=_build_otlp),
-            ExporterKind("prometheus", pushed=False, step_export=False, build=_build_prometheus),
-            ExporterKind("console", pushed=True, step_export=False, build=_build_console),
+            ExporterKind(
+                "prometheus",
+                pushed=False,
+                step_export=False,
+                build=_build_prometheus,
+                serves=True,
+            ),
+            ExporterKind("console", pushed=False, step_export=False, build=_build_console),
         )
     }
 )

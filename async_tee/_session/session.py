@@ -59,8 +59,7 @@ class Pipeline:
         self._non_finite_zeros = _stats.non_finite_zeros(
             self.instruments, settings.max_attribute_sets
         )
-        if settings.encoder == "tables":
-            exports.use_tables(self.instruments)
+        exports.use_tables(self.instruments)
         self._signals = SignalFlush(
             self.shutdown, self.flush_and_export, settings.shutdown_timeout_s
         )

@@ -11,6 +11,7 @@ from typing import Any
 from async_tee._declare.groups import RL_METRIC_GROUP
 from async_tee._declare.rows import OBSERVABLE_KINDS
 from async_tee._export.delivery import TRIGGERS
+from async_tee._export.provider import idle_delivery
 from async_tee._settings import Settings
 from async_tee._tables.registry import InstrumentRegistry, RegistryCounts
 from async_tee._worker.mapping import SKIP_REASONS
@@ -44,6 +45,7 @@ def idle_stats(settings: Settings) -> dict[str, Any]:
         "errors": {"tee": 0, "registry": 0},
         "exports": {"success": 0, "failure": 0},
         "exports_by_trigger": {trigger: {"success": 0, "failure": 0} for trigger in TRIGGERS},
+        "delivery": idle_delivery(),
         "steps": {"last": None, "completed": 0, "exported": 0, "coalesced": 0, "unusable": 0},
         "exporting": False,
         "exporters": {},

@@ -77,10 +77,7 @@ DEFAULT_POLICY = StepPolicy()
 
 
 class StepReader(Protocol):
-    """What the clock needs of the reader it drives (``_export/reader.ExportingReader``)."""
-
-    replaced: int
-    """Collected steps the reader replaced with a newer one before sending them."""
+    """What the clock needs of the exporter it drives (``_export/sender.OtlpSender``)."""
 
     def collect_step(self) -> bool:
         """Collect for a step export now; whether the collection succeeded."""
@@ -98,8 +95,7 @@ class StepClock:
         exported: Steps collected for an export of their own (the last one by the final
             export at shutdown).
         coalesced: Completed steps folded into a later export instead; with
-            ``exported`` they add up to ``completed`` once the session ended
-            (:meth:`stats` also moves the steps the reader replaced from one to the other).
+            ``exported`` they add up to ``completed`` once the session ended.
         unusable: Steps that were not finite real numbers, treated as no step.
     """
 
@@ -301,15 +297,11 @@ class StepClock:
         return True
 
     def stats(self) -> dict[str, Any]:
-        """The step counts as ``stats()["steps"]`` reports them.
-
-        A step the reader replaced before sending it was folded into the newer one.
-        """
-        replaced = self._reader.replaced if self._reader is not None else 0
+        """The step counts as ``stats()["steps"]`` reports them."""
         return {
             "last": self.last,
             "completed": self.completed,
-            "exported": self.exported - replaced,
-            "coalesced": self.coalesced + replaced,
+            "exported": self.exported,
+            "coalesced": self.coalesced,
             "unusable": self.unusable,
         }
