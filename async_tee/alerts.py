@@ -166,6 +166,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
     exports, died = names["async_tee.exports"], names["async_tee.worker.died"]
     depth, capacity = names["async_tee.queue.depth"], names["async_tee.queue.capacity"]
     lag = names["async_tee.lag"]
+    export_dropped = names["async_tee.export.dropped"]
     idle = names["rl.rollout.idle"]
     window = prometheus_duration(t.window_s)
     gone = prometheus_duration(t.rank_gone_window_s)
@@ -204,6 +205,7 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
     failures = _where('result="failure"')
     failed = f"sum without (trigger) (increase({exports}{failures}[{window}]))"
     dropped_q = f"increase({dropped}{_where()}[{window}]) * {IDENTITY}"
+    export_dropped_q = f"increase({export_dropped}{_where()}[{window}]) * {IDENTITY}"
     fill = f"{depth}{_where()} / {capacity}{_where()} * {IDENTITY}"
     buckets = f"rate({lag}_bucket{_where()}[{window}])"
     lag_q = f"histogram_quantile(0.99, sum by (le, job, instance) ({buckets})) * {IDENTITY}"
@@ -313,6 +315,21 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
             "the GIL; error: async_tee's log.",
             (dropped,),
             dropped_q,
+            0,
+        ),
+        AlertRule(
+            "AsyncTeeExportsDropped",
+            "warning",
+            f"{rose(export_dropped + _where())} * {IDENTITY}",
+            for_(0),
+            "OTLP export requests were dropped before delivery: steps are missing",
+            f"{_RANK}: {{{{ $value }}}} export requests dropped ({{{{ $labels.reason }}}}) in "
+            f"the last {window}; the steps they carried never reached the receiver.",
+            "overflow: the receiver was away longer than ASYNC_TEE_EXPORT_BACKLOG_BYTES holds; "
+            "refused: the rank's log names the receiver's answer and its fix; shutdown: the "
+            "receiver was away when the rank stopped.",
+            (export_dropped,),
+            export_dropped_q,
             0,
         ),
         AlertRule(

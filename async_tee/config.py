@@ -334,10 +334,11 @@ def _path(environ: Mapping[str, str], *names: str) -> str:
 
 
 def _proxy(environ: Mapping[str, str], endpoint: str) -> str:
-    """The proxy ``http_proxy``/``https_proxy`` give the endpoint's scheme, unless ``no_proxy``
-    exempts its host (read as the standard library reads them, lower case first)."""
-    from urllib.request import proxy_bypass_environment  # only when a session starts
+    """The proxy ``http_proxy``/``https_proxy`` give the endpoint's scheme, or "".
 
+    Unless ``no_proxy`` exempts its host; read as the standard library reads them, lower
+    case first.
+    """
     try:
         url = urlsplit(endpoint)
     except ValueError:
@@ -349,9 +350,20 @@ def _proxy(environ: Mapping[str, str], endpoint: str) -> str:
     )
     no_proxy = next((environ[n] for n in ("no_proxy", "NO_PROXY") if environ.get(n)), "")
     host = url.hostname or ""
-    if not proxy or (no_proxy and proxy_bypass_environment(host, {"no": no_proxy})):
+    if not proxy or _bypassed(host, no_proxy):
         return ""
     return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _bypassed(host: str, no_proxy: str) -> bool:
+    """Whether ``no_proxy`` (``*``, or hosts and domains, comma-separated) names ``host``."""
+    host = host.lower()
+    for entry in no_proxy.lower().split(","):
+        entry = entry.strip().lstrip(".")
+        entry = entry.rpartition(":")[0] if entry.count(":") == 1 else entry  # host:port
+        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+            return True
+    return False
 
 
 def _warn_unapplied(environ: Mapping[str, str]) -> None:

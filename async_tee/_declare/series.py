@@ -239,6 +239,23 @@ SELF: tuple[Series, ...] = (
         "result",
     ),
     _self(
+        "export_queued",
+        "async_tee.export.queued",
+        "observable_gauge",
+        "{request}",
+        "OTLP export requests not delivered yet: the first hop's backlog, sent in order.",
+        "delivery.queued",
+    ),
+    _self(
+        "export_dropped",
+        "async_tee.export.dropped",
+        "observable_counter",
+        "{request}",
+        "OTLP export requests never delivered, by reason (overflow, refused, shutdown).",
+        "delivery.dropped",
+        "reason",
+    ),
+    _self(
         "steps_coalesced",
         "async_tee.steps.coalesced",
         "observable_counter",

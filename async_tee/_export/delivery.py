@@ -1,4 +1,4 @@
-"""The first hop's backlog: each export's request, in order, bounded by bytes (docs/semantics.md §7).
+"""The first hop's backlog: each export's request in order, bounded by bytes (docs/semantics.md §7).
 
 Written by the worker (a step's request) and the exporting thread (the others), under the
 exporting thread's condition; read by ``stats()`` without it (one slot per figure).
@@ -17,6 +17,7 @@ DROP_REASONS = ("overflow", "refused", "shutdown")
 """Why a request was never delivered: the backlog past its bound (the oldest go), a permanent
 refusal by the receiver (HTTP 400/401/403/404/413, gRPC INVALID_ARGUMENT, ...), or the
 shutdown's deadline with the receiver still away."""
+
 
 class ExportCounts:
     """Export attempts by trigger and result, written by the exporting thread (and worker).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -125,10 +126,8 @@ class GrpcTransport:
 
     def close(self) -> None:
         """Close the channel and its connections."""
-        try:
+        with contextlib.suppress(Exception):  # closing twice, or during the interpreter's exit
             self._channel.close()
-        except Exception:  # noqa: BLE001 - closing twice, or during the interpreter's exit
-            pass
 
     def forget(self) -> None:
         """A forked child: the parent's channel is left alone (never closed from here)."""
@@ -160,7 +159,7 @@ def _delay(exc: grpc.RpcError) -> float | None:
                 info = error_details_pb2.RetryInfo()
                 if detail.Unpack(info):
                     seconds = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-                    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+                    return float(min(max(seconds, 0.0), MAX_RETRY_AFTER_S))
         except Exception:  # noqa: BLE001 - a malformed detail says nothing
             return None
     return None

@@ -10,7 +10,7 @@ import socket
 import ssl
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from async_tee._export.transport import (
@@ -24,7 +24,10 @@ from async_tee._export.transport import (
 from async_tee._settings import Settings, redact_url
 from async_tee._version import __version__
 
-_COMPRESS = {"gzip": gzip.compress, "deflate": zlib.compress}
+_COMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+}
 _TLS_ERRORS = (ssl.SSLError, ssl.CertificateError)
 
 
@@ -32,9 +35,7 @@ def tls_context(settings: Settings) -> ssl.SSLContext:
     """The TLS context of an ``https`` endpoint: the certificate variables, or the system's."""
     context = ssl.create_default_context(cafile=settings.otlp_certificate or None)
     if settings.otlp_client_certificate:
-        context.load_cert_chain(
-            settings.otlp_client_certificate, settings.otlp_client_key or None
-        )
+        context.load_cert_chain(settings.otlp_client_certificate, settings.otlp_client_key or None)
     return context
 
 

@@ -126,7 +126,7 @@ class Exports:
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
-        """``(host, port)`` a scraped exporter (Prometheus) serves ``/metrics`` on, if it started."""
+        """``(host, port)`` a scraped exporter (Prometheus) serves ``/metrics`` on, if started."""
         for state in self.exporters:
             if EXPORTER_KINDS[state.name].serves and state.started:
                 host, _, port = state.where.rpartition(":")

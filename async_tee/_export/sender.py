@@ -1,4 +1,4 @@
-"""The exporting thread: every export's request queued in order and delivered (docs/semantics.md §7, §9).
+"""The exporting thread: each export's request queued in order, delivered (docs/semantics.md §7).
 
 The worker builds a completed step's request from the tables (``collect_step``) and queues it;
 the thread ``async-tee-export`` sends the oldest first through the transport, retries what failed
@@ -42,8 +42,10 @@ in flight, so the exporting thread ends within the budget."""
 
 @contextlib.contextmanager
 def _suppressed_instrumentation() -> Iterator[None]:
-    """Instrumented HTTP or gRPC clients do not trace the export itself (if instrumentation is
-    installed: its public ``suppress_instrumentation``)."""
+    """Instrumented HTTP or gRPC clients do not trace the export itself.
+
+    Through OTel instrumentation's public ``suppress_instrumentation``, where it is installed.
+    """
     try:
         from opentelemetry.instrumentation.utils import suppress_instrumentation
     except ImportError:  # no instrumentation installed: nothing to suppress
@@ -58,7 +60,7 @@ def backoff_s(attempts: int, retry_after_s: float | None) -> float:
     if retry_after_s is not None:
         return retry_after_s
     first, longest = BACKOFF_S
-    return min(longest, first * 2 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
+    return float(min(longest, first * 2 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2))
 
 
 class OtlpSender:
@@ -264,6 +266,10 @@ class OtlpSender:
                 backlog.done(request, True)
                 backlog.rejected_points += answer.rejected_points
                 self._retry_at = 0.0
+            elif answer.reason == "aborted":  # the shutdown's deadline: it stays, counted there
+                backlog.waiting.appendleft(request)
+                backlog.in_flight = None
+                self._deadline = 0.0
             elif answer.retry:
                 wait = backoff_s(request.attempts + 1, answer.retry_after_s)
                 self._retry_at = time.monotonic() + wait

@@ -236,8 +236,22 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
         """
         status = self._sink._handle_export("grpc", request, request.ByteSize(), "identity")
         if status is not None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"sink failing with HTTP status {status}")
+            code = _GRPC_CODES.get(status, grpc.StatusCode.UNAVAILABLE)
+            context.abort(code, f"sink failing with HTTP status {status}")
         return ExportMetricsServiceResponse()
+
+
+_GRPC_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.UNIMPLEMENTED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+"""The gRPC status a failing sink answers for each HTTP status (the OTLP specification's pairs;
+any other: UNAVAILABLE)."""
 
 
 class OtlpSink:
@@ -484,7 +498,8 @@ class OtlpSink:
         """Make exports fail until ``fail(None)``.
 
         HTTP answers ``status`` (with a ``Retry-After: <retry_after>`` header if given);
-        gRPC aborts with ``UNAVAILABLE``.
+        gRPC aborts with the matching code (``_GRPC_CODES``: 400 INVALID_ARGUMENT, 401
+        UNAUTHENTICATED, 429 RESOURCE_EXHAUSTED, ...; UNAVAILABLE for the rest).
 
         Args:
             status: HTTP status code in the 4xx/5xx range, or None to answer normally again.

@@ -265,6 +265,7 @@ def test_catalog_attributes_of_self_metrics_match_their_callbacks():
         "exports": {"success": 1},
         "exports_by_trigger": {"step": {"success": 1}},
         "steps": {"coalesced": 1},
+        "delivery": {"queued": 1, "dropped": {"overflow": 1}},
         "worker_died": 0,
     }
     catalogued = {e.name: e.attributes for e in series_catalog() if e.source == "self"}

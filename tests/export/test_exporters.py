@@ -305,9 +305,11 @@ def test_a_traceback_is_redacted_too():
         ("ReadTimeout: read timed out", "_TIMEOUT"),
         ("ConnectionError: [Errno 111] Connection refused", "_ENDPOINT"),
         ("", "_ENDPOINT"),
+        ("HTTP 404 Not Found", "_ENDPOINT's path"),
+        ("gRPC UNIMPLEMENTED: unknown service", "_ENDPOINT's path"),
     ],
 )
 def test_a_failing_export_names_the_variable_most_likely_to_fix_it(error, variable):
-    from async_tee._export.reader import fix_for
+    from async_tee._export.transport import fix_for
 
-    assert fix_for(error).startswith(f"OTEL_EXPORTER_OTLP{variable}")
+    assert fix_for("", error).startswith(f"OTEL_EXPORTER_OTLP{variable}")

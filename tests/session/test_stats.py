@@ -46,13 +46,10 @@ def test_each_collection_exports_the_figures_at_its_start(sink):
     )
     async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1)
     assert async_tee.flush(10)
-    provider = session.meter_provider
-    assert provider is not None
-    assert provider.force_flush(10_000)  # type: ignore[attr-defined]
+    assert session.flush_and_export(10)
     # Right after (well within the snapshot's lifetime), a new collection reads anew.
     async_tee.tee_rl_metrics_to_otel({"reward": 2.0}, "train", 1)
-    assert async_tee.flush(10)
-    assert provider.force_flush(10_000)  # type: ignore[attr-defined]
+    assert session.flush_and_export(10)
     enqueued = [p.value for p in sink.points() if p.name == "async_tee.enqueued"]
     assert enqueued[-2:] == [1, 2]
     assert async_tee.shutdown_telemetry(10)

@@ -109,7 +109,7 @@ def test_impossible_thresholds_are_refused(bad):
 def test_the_command_writes_the_file_with_the_flags(tmp_path, capsys):
     out = tmp_path / "rules.yml"
     assert cli.main(["alerts", "--output", str(out), "--stuck-after", "20m"]) == 0
-    assert "wrote 11 rules" in capsys.readouterr().out
+    assert "wrote 12 rules" in capsys.readouterr().out
     text = out.read_text()
     assert text == alerts.render_rules(alerts.AlertThresholds(stuck_after_s=1200))
     assert "target_info > 1200" in text
@@ -280,6 +280,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "at": "12m",
         "labels": {**RANK0, **IDENTITY, "rl_rank": "0", "reason": "overflow"},
         "value": "5",
+    },
+    "AsyncTeeExportsDropped": {
+        "fires": [  # a receiver away past the backlog's bound: the oldest requests went
+            *identities((RANK0, 0, "1x30")),
+            series("async_tee_export_dropped_total", {**RANK0, "reason": "overflow"}, "0x10 7x20"),
+        ],
+        "quiet": [  # a long outage the backlog held: nothing dropped
+            *identities((RANK0, 0, "1x30")),
+            series("async_tee_export_dropped_total", {**RANK0, "reason": "overflow"}, "0x30"),
+        ],
+        "at": "12m",
+        "labels": {**RANK0, **IDENTITY, "rl_rank": "0", "reason": "overflow"},
+        "value": "7",
     },
     "AsyncTeeWorkerDied": {
         "fires": [

@@ -23,7 +23,6 @@ class FakeReader:
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.collected_at: list[int] = []
-        self.replaced = 0
 
     def collect_step(self) -> bool:
         self.collected_at.append(self.clock.now)
@@ -168,19 +167,6 @@ def test_the_clock_asks_to_be_woken_when_the_waiting_step_may_be_exported():
     assert due == pytest.approx(1.0)
 
 
-def test_a_step_the_reader_replaced_counts_as_coalesced():
-    clock = FakeClock()
-    reader = FakeReader(clock)
-    steps = StepClock(
-        lambda step, at: None, reader, StepPolicy(min_interval_s=0.0), monotonic_ns=clock
-    )
-    for step in (1, 2, 3):
-        steps.before(float(step), clock.now)
-    reader.replaced = 1  # the reader dropped step 1's collection for step 2's
-    assert steps.stats()["exported"] == 1
-    assert steps.stats()["coalesced"] == 1
-
-
 def test_the_policys_numbers():
     policy = StepPolicy(min_interval_s=2.0, export_interval_s=60.0)
     assert policy.settle_s == STEP_SETTLE_S
@@ -197,7 +183,6 @@ class CountingReader:
 
     def __init__(self) -> None:
         self.collections = 0
-        self.replaced = 0
 
     def collect_step(self) -> bool:
         self.collections += 1
