@@ -143,7 +143,9 @@ class OtlpSender:
 
     def use_tables(self, encoder: TableEncoder) -> None:
         """Build every export's request with ``encoder`` (the session's tables)."""
-        self._encoder = encoder
+        with self._cond:
+            self._encoder = encoder
+            self._cond.notify_all()  # the periodic export is due from now on
 
     # ------------------------------------------------------------------ making requests
 

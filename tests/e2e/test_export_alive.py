@@ -111,23 +111,12 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _through_requests(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OTLP/HTTP through the requests session, as where a proxy variable applies."""
-    from async_tee._export import http_session as _http_session
-
-    monkeypatch.setattr(_http_session, "exporter_transport", lambda _endpoint: None)
-
-
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/protobuf via requests"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("collector", ["stalled", "black hole"])
 def test_timed_out_shutdowns_give_back_every_thread_and_socket(
-    sink, protocol, collector, monkeypatch
+    sink, protocol, collector
 ):
     import socket
-
-    if protocol.endswith("via requests"):
-        _through_requests(monkeypatch)
-        protocol = "http/protobuf"
 
     with socket.socket() as hole:  # accepts connections into its backlog, never answers
         hole.bind(("127.0.0.1", 0))
@@ -219,52 +208,6 @@ def test_a_failing_exporter_that_recovers_says_so_once(sink, caplog):
     assert async_tee.stats()["exporters"]["otlp"]["state"] == "started"
     assert session.is_exporting
     assert len(_warnings(caplog, "delivered again")) == 1
-    assert async_tee.shutdown_telemetry(5)
-
-
-@pytest.mark.parametrize("sender", ["transport", "requests"])
-def test_retry_after_holds_exports_until_it_ends_and_the_newest_step_goes_first(
-    sink, caplog, monkeypatch, sender
-):
-    if sender == "requests":
-        _through_requests(monkeypatch)
-    async_tee.start_telemetry(
-        environ={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.http_endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
-        }
-    )
-    sink.fail(429, retry_after="120")
-    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, True)
-    assert async_tee.flush(5)
-    assert sink.wait_for(lambda s: s.requests["http"] >= 1, 10)
-    for step in range(2, 13):  # one step export each, were Retry-After forgotten
-        async_tee.tee_rl_metrics_to_otel({"reward": float(step)}, "train", step, True)
-        assert async_tee.flush(5)
-    assert sink.requests["http"] == 1  # the collector asked for 120 s of quiet: it got it
-    assert len(_warnings(caplog, "Retry-After")) == 1
-    assert async_tee.shutdown_telemetry(3) is False  # refused, so not delivered...
-    assert sink.requests["http"] == 2  # ...but the last state was offered once at the end
-    assert async_tee.stats()["steps"]["coalesced"] >= 10  # the held steps, counted
-
-
-def test_a_retry_that_ran_out_of_time_keeps_the_reason_logged_before_it():
-    """The OTLP/HTTP exporter's retry with no time left fails in urllib3 ("timeout cannot be
-    set to ... 0"): the reason users see stays the one before it (here the TLS failure)."""
-    import logging
-
-    from async_tee._export.reader import _LastError, failure_reason
-
-    artifact = (
-        "ValueError: Attempted to set total timeout to 0.0, but the timeout cannot be set "
-        "to a value less than or equal to 0."
-    )
-    tls = "SSLError: [SSL: WRONG_VERSION_NUMBER] wrong version number"
-    assert failure_reason(tls, artifact) == tls
-    assert failure_reason("", artifact) == artifact  # nothing better to say
-    assert failure_reason(tls, "HTTP 401 Unauthorized") == "HTTP 401 Unauthorized"
-    kept = _LastError()
-    for text in (tls, artifact):
-        kept.filter(logging.LogRecord("x", logging.ERROR, __file__, 1, text, None, None))
-    assert kept.text == tls
+    refused = async_tee.stats()["delivery"]["dropped"]["refused"]
+    assert refused == async_tee.stats()["delivery"]["refused_by_reason"]["http_401"] >= 3
+    assert async_tee.shutdown_telemetry(5) is False  # the refused requests never arrived

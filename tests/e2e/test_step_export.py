@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from helpers import own_threads, running
-from opentelemetry.sdk.metrics import MeterProvider
 
 import async_tee
 from async_tee.sink import OtlpSink, black_hole
@@ -122,7 +121,7 @@ def test_fast_steps_are_coalesced_and_counted_and_the_rate_is_bounded(sink):
 
 
 @pytest.mark.parametrize("collector", ["stalled", "black_hole"])
-def test_a_stuck_collector_costs_one_pending_export_and_shutdown_keeps_its_deadline(
+def test_a_stuck_collector_costs_a_bounded_backlog_and_shutdown_keeps_its_deadline(
     sink, collector
 ):
     hole, port = black_hole()
@@ -136,6 +135,9 @@ def test_a_stuck_collector_costs_one_pending_export_and_shutdown_keeps_its_deadl
                 thread.join(10)
 
 
+_BACKLOG_BYTES = 2**20
+
+
 def _stuck_collector(sink: OtlpSink, collector: str, port: int) -> None:
     timeout_s = 4.0
     endpoint = sink.http_endpoint if collector == "stalled" else f"http://127.0.0.1:{port}"
@@ -144,6 +146,7 @@ def _stuck_collector(sink: OtlpSink, collector: str, port: int) -> None:
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",  # every step tries to export
             "OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout_s),
+            "ASYNC_TEE_EXPORT_BACKLOG_BYTES": str(_BACKLOG_BYTES),
         }
     )
     logger = async_tee.Logger()
@@ -167,15 +170,18 @@ def _stuck_collector(sink: OtlpSink, collector: str, port: int) -> None:
     finally:
         tracemalloc.stop()
     elapsed = time.monotonic() - started
-    assert grown < 2 * 2**20, grown  # ~900 folded collections are not kept (~50 kB each)
+    assert grown < _BACKLOG_BYTES + 2**20, grown  # the backlog's bound, and little else
     stats = async_tee.stats()
     assert stats["dropped"] == 0
     assert stats["steps"]["completed"] >= 999
-    # One export in flight at a time (each ends by the exporter's timeout), at most one
-    # pending behind it: every other step was folded, none queued up.
+    assert stats["steps"]["coalesced"] == 0  # each step its own request: none folded
+    delivery = stats["delivery"]
+    assert delivery["queued_bytes"] <= _BACKLOG_BYTES + 64 * 2**10  # the one in flight over
+    assert delivery["dropped"]["overflow"] > 0  # the oldest went, counted
+    assert delivery["queued"] + delivery["dropped"]["overflow"] >= 999
+    # One send at a time, each ending by the exporter's timeout: no send per step.
     attempts = sum(stats["exports_by_trigger"]["step"].values())
     assert attempts <= 2 + elapsed / timeout_s, (attempts, elapsed)
-    assert stats["steps"]["coalesced"] >= 999 - attempts - 2
     started = time.monotonic()
     delivered = async_tee.shutdown_telemetry(1.0)
     assert time.monotonic() - started < 1.0 + 2.0  # the deadline, plus a noisy machine
@@ -204,13 +210,16 @@ def test_the_period_waits_a_grace_after_a_step_export_only(sink):
     pipeline = running(
         async_tee.start_telemetry(environ=_environ(sink, OTEL_METRIC_EXPORT_INTERVAL="60000"))
     )
-    (reader,) = pipeline.exports.push_readers
-    reader._send(None, "interval")  # the exporter fails it: timing is all that is checked
-    assert reader.period_due() == pytest.approx(reader._last_export + 60.0)
-    reader._send(None, "step")
+    sender = pipeline.exports.sender
+    assert sender is not None
+    assert pipeline.flush_and_export(10)  # an export that is not a step's
+    assert sender.period_due() == pytest.approx(sender._last_made + 60.0)
+    async_tee.tee_rl_metrics_to_otel({"reward": 1.0}, "train", 1, step_finished=True)
+    assert async_tee.flush(10)  # the step completes: its export is made
+    assert async_tee.stats()["steps"]["exported"] == 1
     grace = 60.0 * (1 + BACKSTOP_GRACE)
-    assert reader.period_due() == pytest.approx(reader._last_export + grace)
-    async_tee.shutdown_telemetry(10)
+    assert sender.period_due() == pytest.approx(sender._last_made + grace)
+    assert async_tee.shutdown_telemetry(10)
 
 
 def test_step_export_off_leaves_the_periodic_export(sink):
@@ -293,13 +302,10 @@ def test_failed_step_exports_are_counted_and_not_called_delivered(sink):
     assert sink.by_step(REWARD) == []
 
 
-def test_force_flush_of_the_built_provider_waits_for_its_export(sink):
-    session = async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0"))
+def test_flush_and_export_waits_for_its_export_to_be_delivered(sink):
+    session = running(async_tee.start_telemetry(environ=_environ(sink, ASYNC_TEE_STEP_EXPORT="0")))
     async_tee.tee_rl_metrics_to_otel({"reward": 7.0}, "train", 1)
-    assert async_tee.flush(10)
-    provider = session.meter_provider
-    assert isinstance(provider, MeterProvider)  # the SDK's: async_tee built it
-    assert provider.force_flush(10_000)
+    assert session.flush_and_export(10)
     assert sink.by_step(REWARD) == [(None, 7.0)]  # step 1 is still open: no rl.step yet
     assert async_tee.stats()["exports_by_trigger"]["flush"] == {"success": 1, "failure": 0}
     assert async_tee.shutdown_telemetry(10)
