@@ -208,59 +208,52 @@ class HeldValue(LastValue):
     """A held series: the last value logged per attribute set, in every export while fresh.
 
     A step's completion publishes nothing (``shown`` stays None: every export reads
-    ``points``). ``points`` is computed on each read: the sets logged within the owner's
-    ``held_ttl_s`` (0: every set). A set found older is withdrawn there and then, counted
-    once, until it is logged again; so every reader (the SDK's callback, the table
-    encoder) exports only fresh values without knowing why (docs/semantics.md §3g). For a
+    ``points``). Reading ``points`` judges them: a set not logged within the owner's
+    ``held_ttl_s`` (0: never) is withdrawn there and then, counted once, until it is logged
+    again; so every reader (the SDK's callback, the table encoder) exports only fresh
+    values without knowing why (docs/semantics.md §3g). For a
     counter the value is the logged running total, reported as the counter's total.
     """
 
-    __slots__ = ("_logged",)
+    __slots__ = ("_points", "_when")
 
     def __init__(
         self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
     ) -> None:
-        # {attribute key: (value, attributes, when logged on the owner's clock)}
-        self._logged: dict[
-            tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes, float]
+        self._points: dict[
+            tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]
         ] = {}
+        self._when: dict[tuple[tuple[str, AttributeValue], ...], float] = {}  # on owner.clock
         super().__init__(spec, owner, observation)
 
     @property
     def points(
         self,
     ) -> dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]:
-        """The sets logged within the TTL, as a new dict; staler ones are withdrawn."""
-        logged = self._logged.copy()  # atomic under the GIL: the worker may be logging
+        """The sets logged within the TTL (a reader copies it); staler ones withdrawn now."""
         ttl = self.owner.held_ttl_s
-        if ttl <= 0:
-            return {key: (value, attributes) for key, (value, attributes, _) in logged.items()}
-        cutoff = self.owner.clock() - ttl
-        fresh = {
-            key: (value, attributes)
-            for key, (value, attributes, at) in logged.items()
-            if at >= cutoff
-        }
-        if len(fresh) < len(logged):
-            self._withdraw(cutoff)
-        return fresh
+        when = self._when
+        if ttl > 0 and when:
+            cutoff = self.owner.clock() - ttl
+            if min(when.values()) < cutoff:  # in C, under the GIL: the worker may be logging
+                self._withdraw(cutoff)
+        return self._points
 
     @points.setter
     def points(
         self, points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
     ) -> None:
         """Replace every set's value, as logged now (``LastValue`` starts and forgets so)."""
-        now = self.owner.clock()
-        self._logged = {
-            key: (value, attributes, now) for key, (value, attributes) in points.items()
-        }
+        self._points = dict(points)
+        self._when = dict.fromkeys(points, self.owner.clock())
 
     def _withdraw(self, cutoff: float) -> None:
         """Drop the sets last logged before ``cutoff``; count each once, say it at debug."""
         with self.owner.lock:  # not a set the worker is logging again right now
-            stale = [key for key, (_, _, at) in self._logged.items() if at < cutoff]
+            stale = [key for key, at in self._when.items() if at < cutoff]
             for key in stale:
-                del self._logged[key]
+                del self._when[key]
+                self._points.pop(key, None)
             self.owner.counts.held_expired += len(stale)
         if stale:
             logger.debug(
@@ -271,8 +264,10 @@ class HeldValue(LastValue):
             )
 
     def _log(self, value: float, attributes: FrozenAttributes) -> None:
+        key = attributes.key
         with self.owner.lock:
-            self._logged[attributes.key] = (value, attributes, self.owner.clock())
+            self._when[key] = self.owner.clock()
+            self._points[key] = (value, attributes)
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if self.spec.kind == "counter" and value < 0:
@@ -295,7 +290,8 @@ class HeldValue(LastValue):
 
     def clear(self, attributes: FrozenAttributes) -> None:
         with self.owner.lock:
-            self._logged.pop(attributes.key, None)
+            self._points.pop(attributes.key, None)
+            self._when.pop(attributes.key, None)
 
     def publish(self) -> None:
         """Held for the run: a completed step changes nothing."""
