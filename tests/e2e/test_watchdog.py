@@ -18,7 +18,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import RANK_PROCESS, end_ranks, environ_without_launcher
+from helpers import RANK_PROCESS, collect, end_ranks, environ_without_launcher
 
 import async_tee
 from async_tee import alerts, stack
@@ -129,37 +129,36 @@ def _scraped(address: tuple[str, int]) -> dict[str, float | None]:
     return {name: float(value) for name, value in found}
 
 
-@pytest.mark.parametrize("reader", ["tables", "sdk", "prometheus"])
+@pytest.mark.parametrize("way", ["otlp", "provider", "prometheus"])
 def test_a_held_value_not_logged_within_the_ttl_leaves_every_export_until_logged_again(
-    sink, reader
+    sink, provider, reader, way
 ):
     """The TTL set small through the environment and waited out on the real clock: the
-    OTLP export built from the tables, the SDK's collection and the Prometheus scrape
-    (which both call the series' callback) all leave the stale sets out."""
+    OTLP export built from the tables, the SDK's collection of a provider passed in and
+    the Prometheus scrape (both call the series' callback) all leave the stale sets out."""
     environ = {
         "ASYNC_TEE_HELD_TTL": "0.5",
         "ASYNC_TEE_MIN_EXPORT_INTERVAL": "0",
         "ASYNC_TEE_FLUSH_SIGNALS": "",
     }
-    if reader == "prometheus":
+    names = ("rl.rollout.idle", "rl.rollout.committed", "rl.step")
+    if way == "prometheus":
         environ.update(OTEL_METRICS_EXPORTER="prometheus", OTEL_EXPORTER_PROMETHEUS_PORT="0")
-        idle, committed, step = (
-            "rl_rollout_idle_seconds",
-            "rl_rollout_committed_total",
-            "rl_step",
-        )
-    else:
-        environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=sink.http_endpoint, ASYNC_TEE_ENCODER=reader)
-        idle, committed, step = "rl.rollout.idle", "rl.rollout.committed", "rl.step"
-    session = async_tee.start_telemetry(environ=environ)
+        names = ("rl_rollout_idle_seconds", "rl_rollout_committed_total", "rl_step")
+    elif way == "otlp":
+        environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=sink.http_endpoint)
+    idle, committed, step = names
+    session = async_tee.start_telemetry(provider if way == "provider" else None, environ=environ)
     assert isinstance(session, async_tee.Pipeline)
 
     def exported() -> dict[str, float | None]:
         assert async_tee.flush(5)
-        if reader == "prometheus":
+        if way == "prometheus":
             address = session.prometheus_address
             assert address is not None
             return _scraped(address)
+        if way == "provider":
+            return {name: value for (name, _attributes), value in collect(reader).items()}
         assert session.flush_and_export(5)
         return _latest(sink)
 
