@@ -28,6 +28,14 @@ class LauncherRanks:
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"  # "/v1/metrics" appended
 DEFAULT_PROMETHEUS_PORT = 9464
+DEFAULT_HELD_TTL_S = 90.0
+"""How long a held series' value is exported after it was last logged (``ASYNC_TEE_HELD_TTL``).
+
+Three of NeMo-RL's stall-watchdog ticks (``stall_watchdog.interval_s``, 30 s by default): a
+healthy watchdog logs again within about two (its sleep, then an environment check bounded
+by one tick), so a third is slack; a watchdog that stopped is out of every export within
+1.5 minutes, far inside ``RLTrainerStuck``'s 15 (docs/semantics.md §3g).
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +47,7 @@ class Settings:
     drain_interval_s: float = 0.05
     shutdown_timeout_s: float = 5.0
     max_attribute_sets: int = 512
+    held_ttl_s: float = DEFAULT_HELD_TTL_S
     flush_signals: tuple[str, ...] = ("TERM",)
     step_export: bool = True
     min_export_interval_s: float = 1.0

@@ -66,7 +66,8 @@ class AlertThresholds:
 
     Attributes:
         stuck_after_s: No step completed for this long on a rank that has stepped (and,
-            where NeMo-RL's stall watchdog reports, no rollout committed for as long).
+            where NeMo-RL's stall watchdog reports, no rollout committed for as long, or
+            its report is not current: no sample within ``rank_silent_s``).
         rollout_idle_s: NeMo-RL's stall watchdog: no rollout committed and no step
             completed for this long (its ``stall_timeout_s``, 600 s by default).
         first_step_within_s: A run with no completed step this long after its ranks
@@ -80,7 +81,8 @@ class AlertThresholds:
             On a scrape a dead rank's series end at once (staleness markers); pushed over
             OTLP (a Collector's remote write, Prometheus 3's OTLP receiver) they have none
             and would stay current for Prometheus's 5-minute lookback. Keep it above the
-            export interval (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default).
+            export interval (``OTEL_METRIC_EXPORT_INTERVAL``, 60 s by default). The stall
+            watchdog's idle time is current by the same measure (``RLTrainerStuck``).
         window_s: The window of the counters' ``increase`` (NaN, drops, failed exports).
         for_multiplier: Scales every rule's ``for:`` (pending period); 0 fires at once.
     """
@@ -188,8 +190,12 @@ def alert_rules(thresholds: AlertThresholds | None = None) -> list[AlertRule]:
 
     stuck = f"(time() - {step_time}{_where()}) * {IDENTITY}"
     idle_q = f"{idle}{_where()} * {IDENTITY}"
-    # A long step is not a hang while the stall watchdog sees rollouts committing.
-    progressing = f"on (job, instance) ({idle}{_where()} < {t.stuck_after_s:g})"
+    # A long step is not a hang while the stall watchdog sees rollouts committing and says so
+    # now: its idle sample is fresh. A watchdog that stopped logging leaves its last value
+    # (withdrawn after ASYNC_TEE_HELD_TTL); pushed, that value's last sample would stay
+    # current for Prometheus's lookback, and a Collector that sends timestamps serves it on.
+    fresh = f"(time() - timestamp({idle}{_where()})) < {t.rank_silent_s:g}"
+    progressing = f"on (job, instance) ({fresh} and {idle}{_where()} < {t.stuck_after_s:g})"
     steps = f"({step}{_where()} * {IDENTITY})"
     straggler = f"max by (rl_run_id) {steps} - on (rl_run_id) group_right () {steps}"
     sessions = f"group by (job, instance) ({capacity}{_where()}) * {IDENTITY}"

@@ -189,7 +189,12 @@ _ALERT_FLAGS = (
     ("--queue-full", "queue_full_fraction", _fraction, "queue fill that warns"),
     ("--lag-p99-ms", "lag_p99_ms", _non_negative, "tee-to-record p99 lag that warns"),
     ("--rank-gone-window", "rank_gone_window_s", _duration, "how far back a rank counts"),
-    ("--rank-silent-after", "rank_silent_s", _duration, "no export this long: not exporting"),
+    (
+        "--rank-silent-after",
+        "rank_silent_s",
+        _duration,
+        "no sample this long: not current (exports, watchdog)",
+    ),
     ("--window", "window_s", _duration, "window of the counters' increase"),
     ("--for-multiplier", "for_multiplier", _non_negative, "scales every rule's for:"),
 )

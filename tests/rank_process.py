@@ -8,7 +8,10 @@ default), a step every ``--step-seconds``, until a line ``stop`` arrives on stdi
 with ``--steps``, that many steps are done). Then it flushes and prints one JSON line: its
 rank, the steps it logged, what async_tee reports (``stats()``, the Prometheus address) and
 the names of async_tee's threads. It keeps serving until stdin closes, then shuts down and
-prints ``{"delivered": ...}``. ``--print-events`` puts the NaN's time on stderr.
+prints ``{"delivered": ...}``. ``--print-events`` puts the NaN's time on stderr. A thread
+plays NeMo-RL's stall watchdog: every 0.2 s, at the last step, its held keys, its idle time
+since the last step (``--watchdog committing``: 0, rollouts committing); with
+``--watchdog-stops-after N`` it ends N ticks after the steps end.
 """
 
 from __future__ import annotations
@@ -37,6 +40,18 @@ def main() -> None:
     parser.add_argument("--nan-step", type=int, default=2, help="0: no NaN")
     parser.add_argument("--reward-offset", type=float, default=0.0, help="added to the reward")
     parser.add_argument("--print-events", action="store_true", help="the NaN's time on stderr")
+    parser.add_argument(
+        "--watchdog",
+        choices=("growing", "committing"),
+        default="growing",
+        help="the idle it logs: since the last step, or 0 (rollouts committing)",
+    )
+    parser.add_argument(
+        "--watchdog-stops-after",
+        type=int,
+        default=0,
+        help="its thread ends this many ticks after the steps end (0: never)",
+    )
     args = parser.parse_args()
 
     session = async_tee.start_telemetry()
@@ -55,14 +70,21 @@ def main() -> None:
     threading.Thread(target=wait_for_stop, daemon=True).start()
     progress = [0, time.monotonic()]  # the last completed step, and when
     ended = threading.Event()  # the session is about to end
+    stepped = threading.Event()  # the steps are done
 
     def stall_watchdog() -> None:
         """NeMo-RL's watchdog: at the last completed step, its idle time and totals."""
+        ticks_after_steps = 0
         while not ended.wait(0.2):  # on after the steps stop: a hang's shape
+            if stepped.is_set():
+                ticks_after_steps += 1
+                if ticks_after_steps > args.watchdog_stops_after > 0:
+                    return  # its thread died, or the loop it ran on hung
             step, at = progress
             if step:
                 watchdog = {row.logger_key: float(rank + step) for row in ROLLOUT_WATCHDOG}
-                watchdog["rollout/idle_s"] = time.monotonic() - at
+                growing = args.watchdog == "growing"
+                watchdog["rollout/idle_s"] = time.monotonic() - at if growing else 0.0
                 watchdog["gen_fleet/shards/healthy"] = 4.0
                 watchdog["gen_fleet/shards/dead"] = float(rank)
                 watchdog["gen_fleet/restart_attempts/0"] = 0.0  # per shard: not read
@@ -97,6 +119,7 @@ def main() -> None:
             async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps, finished)
         progress[:] = [steps, time.monotonic()]
         pause.wait(args.step_seconds)
+    stepped.set()
     flushed = async_tee.flush(10)
     address = session.prometheus_address
     report = {

@@ -54,7 +54,7 @@ class Pipeline:
         self.meter = exports.meter()
         self._export_stats = _stats.CollectionSnapshot(self._counts, self._collections)
         self.instruments = session_tables(
-            self.meter, settings.max_attribute_sets, self._export_stats
+            self.meter, settings.max_attribute_sets, self._export_stats, settings.held_ttl_s
         )
         self._non_finite_zeros = _stats.non_finite_zeros(
             self.instruments, settings.max_attribute_sets

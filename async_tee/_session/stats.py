@@ -14,7 +14,7 @@ from async_tee._export.delivery import TRIGGERS
 from async_tee._export.provider import idle_delivery
 from async_tee._settings import Settings
 from async_tee._tables.registry import InstrumentRegistry, RegistryCounts
-from async_tee._worker.mapping import SKIP_REASONS
+from async_tee._worker.mapping import HELD_EXPIRED, SKIP_REASONS
 
 SNAPSHOT_TTL_S = 0.02
 """How long the self-series' ``stats()`` snapshot serves a collection async_tee did not start
@@ -80,6 +80,7 @@ def counts(
             "non_finite": registry.non_finite,
             "rejected": registry.rejected,
             "cardinality": registry.cardinality,
+            HELD_EXPIRED: registry.held_expired,
         },
         "non_finite_by_series": {**non_finite_zeros, **registry.non_finite_by_series},
         "errors": {"tee": handoff["dropped_by_reason"]["snapshot"], "registry": registry.errors},

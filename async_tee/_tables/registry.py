@@ -19,7 +19,8 @@ from async_tee._declare.groups import (
 )
 from async_tee._declare.rows import DECLARATIONS, OBSERVABLE_KINDS, MetricSpec
 from async_tee._declare.series import SELF_METRIC_GROUP
-from async_tee._reporting import warn_once
+from async_tee._reporting import logger, warn_once
+from async_tee._settings import DEFAULT_HELD_TTL_S
 from async_tee._tables.self_series import StatsReader, StatsSource, no_session
 from async_tee._worker.gil import budget
 from async_tee.vocabulary import as_scalar
@@ -43,6 +44,7 @@ class RegistryCounts:
     rejected: int = 0
     cardinality: int = 0
     errors: int = 0
+    held_expired: int = 0  # a held set withdrawn, not logged again within the TTL
     non_finite_by_series: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -203,25 +205,93 @@ class RunningTotal(LastValue):
 
 
 class HeldValue(LastValue):
-    """A held series: the last value logged per attribute set, in every export, never cleared.
+    """A held series: the last value logged per attribute set, in every export while fresh.
 
-    A step's completion publishes nothing (``shown`` stays None: every export reads the
-    points as they are). For a counter the value is the logged running total, reported as
-    the counter's total, so the exported total equals the last logged one.
+    A step's completion publishes nothing (``shown`` stays None: every export reads
+    ``points``). Reading ``points`` judges them: a set not logged within the owner's
+    ``held_ttl_s`` (0: never) is withdrawn there and then, counted once, until it is logged
+    again; so every reader (the SDK's callback, the table encoder) exports only fresh
+    values without knowing why (docs/semantics.md §3g). For a
+    counter the value is the logged running total, reported as the counter's total.
     """
 
-    __slots__ = ()
+    __slots__ = ("_points", "_when")
+
+    def __init__(
+        self, spec: MetricSpec, owner: InstrumentRegistry, observation: type[Observation]
+    ) -> None:
+        self._points: dict[
+            tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]
+        ] = {}
+        self._when: dict[tuple[tuple[str, AttributeValue], ...], float] = {}  # on owner.clock
+        super().__init__(spec, owner, observation)
+
+    @property
+    def points(
+        self,
+    ) -> dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]:
+        """The sets logged within the TTL (a reader copies it); staler ones withdrawn now."""
+        ttl = self.owner.held_ttl_s
+        when = self._when
+        if ttl > 0 and when:
+            cutoff = self.owner.clock() - ttl
+            if min(when.values()) < cutoff:  # in C, under the GIL: the worker may be logging
+                self._withdraw(cutoff)
+        return self._points
+
+    @points.setter
+    def points(
+        self, points: dict[tuple[tuple[str, AttributeValue], ...], tuple[float, FrozenAttributes]]
+    ) -> None:
+        """Replace every set's value, as logged now (``LastValue`` starts and forgets so)."""
+        self._points = dict(points)
+        self._when = dict.fromkeys(points, self.owner.clock())
+
+    def _withdraw(self, cutoff: float) -> None:
+        """Drop the sets last logged before ``cutoff``; count each once, say it at debug."""
+        with self.owner.lock:  # not a set the worker is logging again right now
+            stale = [key for key, at in self._when.items() if at < cutoff]
+            for key in stale:
+                del self._when[key]
+                self._points.pop(key, None)
+            self.owner.counts.held_expired += len(stale)
+        if stale:
+            logger.debug(
+                "async_tee: %s: %d attribute set(s) not logged for %g s; withdrawn until logged",
+                self.spec.name,
+                len(stale),
+                self.owner.held_ttl_s,
+            )
+
+    def _log(self, value: float, attributes: FrozenAttributes) -> None:
+        key = attributes.key
+        with self.owner.lock:
+            self._when[key] = self.owner.clock()
+            self._points[key] = (value, attributes)
 
     def record(self, value: float, attributes: FrozenAttributes) -> None:
         if self.spec.kind == "counter" and value < 0:
             self.refuse_negative(value, "total")
             return
-        super().record(value, attributes)
+        if self._admit(attributes):
+            self._log(value, attributes)
 
     def store(self, raw: Any, attributes: FrozenAttributes) -> bool:
-        if self.spec.kind == "counter" and type(raw) is float and raw < 0:
+        """Log ``raw`` if it is a finite ``float`` for an admitted set, else False.
+
+        Not negative, for a counter (see :meth:`LastValue.store`).
+        """
+        if type(raw) is not float or raw - raw != 0.0 or attributes.key not in self.sets:
             return False
-        return super().store(raw, attributes)
+        if self.spec.kind == "counter" and raw < 0:
+            return False
+        self._log(raw, attributes)
+        return True
+
+    def clear(self, attributes: FrozenAttributes) -> None:
+        with self.owner.lock:
+            self._points.pop(attributes.key, None)
+            self._when.pop(attributes.key, None)
 
     def publish(self) -> None:
         """Held for the run: a completed step changes nothing."""
@@ -338,7 +408,11 @@ class InstrumentRegistry:
     Attributes:
         counts: What recording refused since the current session began.
         max_attribute_sets: The bound given to series created from now on.
-        lock: Guards running totals and instrument creation; never taken by the tee.
+        held_ttl_s: How long a held series' set is exported after it was last logged
+            (``ASYNC_TEE_HELD_TTL``; 0: for good), for every held series, read at each export.
+        clock: The monotonic clock, in seconds, held values are dated and judged on.
+        lock: Guards running totals, held values and instrument creation; never taken by
+            the tee.
     """
 
     def __init__(self, meter: Meter) -> None:
@@ -346,6 +420,8 @@ class InstrumentRegistry:
         self._by_group: dict[str, dict[str, Instrument]] = {}
         self.counts = RegistryCounts()
         self.max_attribute_sets = DEFAULT_MAX_ATTRIBUTE_SETS
+        self.held_ttl_s = DEFAULT_HELD_TTL_S
+        self.clock: Callable[[], float] = time.monotonic
         self.lock = threading.Lock()
         # What async_tee's own series read: the stats of the session recording into this meter.
         self.stats_source: StatsSource = no_session
@@ -358,16 +434,26 @@ class InstrumentRegistry:
         """
         return self.stats_source()
 
-    def begin_session(self, max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS) -> None:
-        """Start counting afresh, with this bound for the series created from now on.
+    def begin_session(
+        self,
+        max_attribute_sets: int = DEFAULT_MAX_ATTRIBUTE_SETS,
+        held_ttl_s: float = DEFAULT_HELD_TTL_S,
+    ) -> None:
+        """Start counting afresh, with these settings.
+
+        ``max_attribute_sets`` bounds the series created from now on; ``held_ttl_s`` applies
+        to every held series at once.
 
         Raises:
-            ValueError: ``max_attribute_sets`` is below 1.
+            ValueError: ``max_attribute_sets`` is below 1, or ``held_ttl_s`` is negative.
         """
         if max_attribute_sets < 1:
             raise ValueError(f"max attribute sets must be at least 1, got {max_attribute_sets}")
+        if not held_ttl_s >= 0:
+            raise ValueError(f"the held TTL cannot be negative, got {held_ttl_s}")
         self.counts = RegistryCounts()
         self.max_attribute_sets = max_attribute_sets
+        self.held_ttl_s = held_ttl_s
 
     def instruments(self, group: str) -> dict[str, Instrument] | None:
         """The group's instruments, created on first use; None if the group is unknown."""
@@ -581,19 +667,22 @@ def instrument_registry(meter: Meter) -> InstrumentRegistry:
 
 
 def session_tables(
-    meter: Meter, max_attribute_sets: int, stats: Callable[[], Mapping[str, Any]]
+    meter: Meter,
+    max_attribute_sets: int,
+    stats: Callable[[], Mapping[str, Any]],
+    held_ttl_s: float = DEFAULT_HELD_TTL_S,
 ) -> InstrumentRegistry:
     """``meter``'s registry begun afresh for a session, with its groups' instruments created.
 
     async_tee's own series read ``stats``; the ``rl`` group is registered (declaring closes)
-    and created.
+    and created. ``held_ttl_s``: see :attr:`InstrumentRegistry.held_ttl_s`.
 
     Raises:
         RuntimeError: The ``rl`` metric group could not be registered (warned once).
         Exception: Whatever the SDK raises creating the instruments.
     """
     registry = instrument_registry(meter)
-    registry.begin_session(max_attribute_sets)
+    registry.begin_session(max_attribute_sets, held_ttl_s)
     registry.stats_source = stats
     registry.create(SELF_METRIC_GROUP)
     if not ensure_metric_group_registered():

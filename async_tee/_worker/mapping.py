@@ -82,6 +82,10 @@ not read, one attribute set a shard would grow with the fleet."""
 FLEET_SHARDS_PREFIX = "gen_fleet/shards/"
 PER_SHARD_PREFIXES = ("gen_fleet/restart_attempts/", "gen_fleet/shard_weight_version/")
 
+HELD_EXPIRED = "held_expired"
+"""A held series' attribute set withdrawn from exports: not logged again within
+``ASYNC_TEE_HELD_TTL`` (counted by the registry, once per withdrawal; docs/semantics.md §3g)."""
+
 LEFT_OUT_REASON = "left_out"
 """The reason for keys the caller left out of a snapshot: past the bound of a dict read
 whole, or a key whose lookup raised (docs/semantics.md §6)."""
@@ -97,6 +101,7 @@ SKIP_REASONS = (
     LEFT_OUT_REASON,
     UNKNOWN_STATE,
     PER_SHARD,
+    HELD_EXPIRED,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an

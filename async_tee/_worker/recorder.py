@@ -278,7 +278,9 @@ class RLRecorder:
                 self.record(values)
             for table in self.per_step_tables():
                 # Publishing a table empty now and shown empty changes nothing: skipped.
-                if table.points or table.shown is None or table.shown:
+                # (``shown`` first: a held table's is always None, and its points are
+                # computed on each read.)
+                if table.shown is None or table.points or table.shown:
                     table.publish()
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:step", "async_tee: recording rl.step failed")

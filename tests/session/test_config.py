@@ -138,6 +138,19 @@ def test_one_warning_per_malformed_variable(logs):
         assert sum(name in m for m in found) == 1, name
 
 
+@pytest.mark.parametrize(("raw", "expected"), [("0", 0.0), ("0.25", 0.25), ("300", 300.0)])
+def test_held_ttl(logs, raw, expected):
+    assert load_settings(environ={"ASYNC_TEE_HELD_TTL": raw}).held_ttl_s == expected
+    assert warnings(logs) == []
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "nan", "1e9"])
+def test_held_ttl_malformed_uses_default_with_one_warning(logs, raw):
+    assert load_settings(environ={"ASYNC_TEE_HELD_TTL": raw}).held_ttl_s == 90.0
+    (message,) = messages(logs)
+    assert "ASYNC_TEE_HELD_TTL" in message
+
+
 def test_float_durations():
     settings = load_settings(
         environ={
@@ -620,6 +633,7 @@ def test_load_settings_never_raises_on_garbage(logs):
             "ASYNC_TEE_FLUSH_SIGNALS",
             "ASYNC_TEE_STEP_EXPORT",
             "ASYNC_TEE_MIN_EXPORT_INTERVAL",
+            "ASYNC_TEE_HELD_TTL",
             "ASYNC_TEE_RUN_ID",
             "OTEL_SDK_DISABLED",
             "OTEL_METRICS_EXPORTER",

@@ -461,6 +461,114 @@ def test_a_held_counter_keeps_its_last_total_and_refuses_a_negative_one(meter, r
     assert collect(reader) == {("rl.h", NO_ATTRS): 7.0}
 
 
+class Clock:
+    """A monotonic clock the test moves (the registry's ``clock``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def held(meter):
+    """A held gauge and a held counter on ``meter``, a TTL of 10 s, and the registry's clock."""
+    register_metric_group(
+        "g",
+        [
+            MetricSpec("h", "rl.h", held=True),
+            MetricSpec("t", "rl.t", kind="counter", held=True),
+        ],
+    )
+    tables = registry.instrument_registry(meter)
+    tables.begin_session(held_ttl_s=10.0)
+    tables.clock = clock = Clock()
+    return tables, clock
+
+
+def test_a_held_value_not_logged_within_the_ttl_is_withdrawn_until_logged_again(
+    meter, reader, held, logs
+):
+    tables, clock = held
+    record_metrics(meter, "g", {"h": 1.0, "t": 5.0}, {"a": "x"})
+    record_metrics(meter, "g", {"h": 2.0}, {"a": "y"})
+    clock.now += 6
+    record_metrics(meter, "g", {"h": 3.0}, {"a": "y"})  # y logged again; x and t are not
+    clock.now += 4  # x and t: 10 s since logged, the TTL itself: still shown
+    assert collect(reader) == {
+        ("rl.h", attrs(a="x")): 1.0,
+        ("rl.h", attrs(a="y")): 3.0,
+        ("rl.t", attrs(a="x")): 5.0,
+    }
+    assert tables.counts.held_expired == 0
+    clock.now += 0.5
+    assert collect(reader) == {("rl.h", attrs(a="y")): 3.0}  # x and t withdrawn, per set
+    assert tables.counts.held_expired == 2
+    debug = [r.getMessage() for r in logs.records if "withdrawn" in r.getMessage()]
+    assert sorted(debug) == [
+        "async_tee: rl.h: 1 attribute set(s) not logged for 10 s; withdrawn until logged",
+        "async_tee: rl.t: 1 attribute set(s) not logged for 10 s; withdrawn until logged",
+    ]
+    clock.now += 100
+    assert collect(reader) == {}  # y too, now
+    assert collect(reader) == {}
+    assert tables.counts.held_expired == 3  # each withdrawal counted once, not per export
+    record_metrics(meter, "g", {"h": 4.0, "t": 6.0}, {"a": "x"})  # logged again: back
+    assert collect(reader) == {("rl.h", attrs(a="x")): 4.0, ("rl.t", attrs(a="x")): 6.0}
+
+
+def test_a_held_counter_comes_back_with_its_cumulative_start(meter, reader, held):
+    _tables, clock = held
+
+    def total():
+        (found,) = metric(reader, "rl.t").data.data_points
+        return found.value, found.start_time_unix_nano
+
+    record_metrics(meter, "g", {"t": 5.0})
+    assert total()[0] == 5.0
+    start = total()[1]
+    clock.now += 11
+    assert metric(reader, "rl.t") is None
+    record_metrics(meter, "g", {"t": 7.0})
+    assert total() == (7.0, start)  # the same cumulative series, not a restart
+
+
+def test_the_fast_path_dates_a_held_value_too(meter, reader, held):
+    tables, clock = held
+    record_metrics(meter, "g", {"h": 1.0})
+    table = tables.tables("g")["h"]
+    clock.now += 8
+    assert table.store(2.0, FrozenAttributes({}))  # the worker's store, as the recorder calls it
+    clock.now += 8
+    assert collect(reader) == {("rl.h", NO_ATTRS): 2.0}  # 8 s since the store: fresh
+    assert table.shown is None  # held: every export reads the points, computed now
+    assert not table.store(math.nan, FrozenAttributes({}))
+
+
+def test_a_held_ttl_of_zero_holds_for_good(meter, reader, held):
+    tables, clock = held
+    tables.begin_session(held_ttl_s=0)
+    record_metrics(meter, "g", {"h": 1.0})
+    clock.now += 1e9
+    assert collect(reader) == {("rl.h", NO_ATTRS): 1.0}
+    assert tables.counts.held_expired == 0
+
+
+def test_a_non_finite_held_value_is_withdrawn_as_a_gauge_is(meter, reader, held):
+    tables, _clock = held
+    record_metrics(meter, "g", {"h": 1.0})
+    record_metrics(meter, "g", {"h": math.nan})
+    assert collect(reader) == {}
+    assert (tables.counts.non_finite, tables.counts.held_expired) == (1, 0)
+
+
+@pytest.mark.parametrize("ttl", [-1.0, math.nan])
+def test_a_negative_held_ttl_is_refused(meter, ttl):
+    with pytest.raises(ValueError, match="held TTL"):
+        registry.instrument_registry(meter).begin_session(held_ttl_s=ttl)
+
+
 def test_value_for_an_observable_key_warns_once(meter, reader, logs):
     register_metric_group(
         "g", [MetricSpec("obs", "rl.obs", kind="observable_gauge", callback=_observe_five)]

@@ -78,6 +78,8 @@ def test_thresholds_reach_the_rules():
     }
     assert "> 60 unless" in rules["RLTrainerStuck"].expr
     assert rules["RLTrainerStuck"].expr.endswith("< 60)")  # the watchdog's idle, same bound
+    fresh = alerts.alert_rules(alerts.AlertThresholds(rank_silent_s=45))[0]
+    assert "timestamp(rl_rollout_idle_seconds)) < 45 and" in fresh.expr  # and current
     assert rules["RLRolloutIdle"].expr.endswith("> 120")
     assert rules["RLTrainerStuck"].for_s == 600
     assert rules["RLStraggler"].expr.endswith("> 3")
@@ -413,18 +415,37 @@ def test_a_stuck_rank_pends_before_it_fires(tmp_path, promtool):
 
 
 @needs_promtool
-@pytest.mark.parametrize(("idle", "fires"), [("0x10 30x50", False), ("0x10 0+60x50", True)])
-def test_a_long_step_with_rollouts_committing_is_not_stuck(tmp_path, promtool, idle, fires):
+@pytest.mark.parametrize(
+    ("idle", "at", "value"),
+    [
+        ("0x10 30x50", "32m", None),  # rollouts committing: a long step, not a hang
+        ("0x10 0+10x50", "36m", None),  # a small growing idle, logged: still not a hang
+        ("0x10 0+60x50", "32m", "22m 0s"),  # no rollout committed for as long: a hang
+        # The watchdog stops logging at 28 min with its last idle small (its rank withdraws
+        # the held value; the rank's other series go on). Stale 3 min later, at 31 min: pending,
+        # and firing 5 min on. Its last sample is still inside the 5-minute lookback until
+        # 33 min, so a rule that asked only whether the idle is low would still be quiet at 36.
+        ("0x10 0.5x17", "36m", "26m 0s"),
+    ],
+    ids=["committing", "growing-small", "idle-long", "watchdog-stopped"],
+)
+def test_a_long_step_with_rollouts_committing_is_not_stuck(tmp_path, promtool, idle, at, value):
     """The stuck rule's history, with NeMo-RL's watchdog: steps stop at 10 min; while the
-    watchdog sees rollouts committing (idle 30 s) it is a long step, not a hang."""
+    watchdog reports, current, that rollouts commit it is a long step, not a hang; once its
+    reports stop, its last idle vouches for nothing."""
     rule = next(r for r in alerts.alert_rules() if r.name == "RLTrainerStuck")
     scenario = SCENARIOS[rule.name]
     history = [*scenario["fires"], series("rl_rollout_idle_seconds", RANK0, idle)]
     test = unit_tests([rule])
     test["tests"] = test["tests"][:1]
     test["tests"][0]["input_series"] = history
-    if not fires:
-        test["tests"][0]["alert_rule_test"][0]["exp_alerts"] = []
+    expected = test["tests"][0]["alert_rule_test"][0]
+    expected["eval_time"] = at
+    if value is None:
+        expected["exp_alerts"] = []
+    else:
+        for annotations in (a["exp_annotations"] for a in expected["exp_alerts"]):
+            annotations["description"] = expand(rule.description, scenario["labels"], value)
     (tmp_path / "rules.yml").write_text(alerts.render_rules())
     (tmp_path / "tests.yml").write_text(json.dumps(test))
     done = subprocess.run(
