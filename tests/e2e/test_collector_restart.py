@@ -1,8 +1,9 @@
 """The stack's Collector keeps what it accepted across its own crash (remote-write path).
 
 The Collector and Prometheus 3 of ``async-tee stack --path remote-write``, from its configs:
-steps are posted while both run, then while Prometheus is down, the Collector SIGKILLed after
-it accepted more, started again and given more, and only then Prometheus started again. Every
+steps are posted while both run, then while Prometheus is down, the Collector SIGKILLed (or
+stopped) after it accepted more, started again and given more, and only then Prometheus started
+again. Every
 step must be a sample in Prometheus at its own timestamp, nothing refused out of order.
 
 The sender is this test, not async_tee: one OTLP/HTTP request per step, each one gauge
@@ -50,6 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.servers]
 RUN = "restart"
 STEP_MS = 1000  # the steps' timestamps are 1 s apart, as a 1 s training step's would be
 PHASE = 10  # steps per phase: all up; Prometheus down; Collector restarted, Prometheus down
+WAIT_S = 30  # the longest either wait for Prometheus: a failure is an assertion, not a timeout
 
 
 def _attribute(key: str, value: str) -> KeyValue:
@@ -144,7 +146,10 @@ def _folder_bytes(folder: Path) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_what_the_collector_accepted_survives_its_sigkill_while_prometheus_is_down(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_what_the_collector_accepted_survives_its_crash_while_prometheus_is_down(stop, tmp_path):
+    """SIGKILL is the crash; SIGTERM is a rolling restart's stop (its retries end, the log
+    stays)."""
     started = time.monotonic()
     at = write_stack("remote-write", tmp_path, local_addresses())
     web, otlp_http = port_of(at.prometheus_listen), port_of(at.collector_otlp_http)
@@ -165,6 +170,7 @@ def test_what_the_collector_accepted_survives_its_sigkill_while_prometheus_is_do
                 web,
                 f"count_over_time({selector}[10m])",
                 lambda rows: rows and float(rows[0]["value"][1]) == PHASE,
+                timeout_s=WAIT_S,
             )
             assert live, f"the first {PHASE} steps never arrived: {live}"
             refused_first = _refused_by_prometheus(web)
@@ -173,7 +179,7 @@ def test_what_the_collector_accepted_survives_its_sigkill_while_prometheus_is_do
             steps.post(otlp_http, PHASE)  # accepted by the Collector, Prometheus down
             failed_first = _failed_in_collector(own)
             held = _folder_bytes(Path(at.collector_data))
-            os.kill(first, signal.SIGKILL)
+            os.kill(first, stop)
         with server(collector, otlp_http, log("otelcol-2"), "otelcol"):
             steps.post(otlp_http, PHASE)  # the Collector back, Prometheus still down
             with server(prometheus, web, log("prometheus-2"), "prometheus"):
@@ -183,6 +189,7 @@ def test_what_the_collector_accepted_survives_its_sigkill_while_prometheus_is_do
                     web,
                     f"count_over_time({selector}[10m])",
                     lambda rows: rows and float(rows[0]["value"][1]) >= total,
+                    timeout_s=WAIT_S,
                 )
                 drained = time.monotonic() - back
                 rows = query(web, f"{selector}[10m]")
@@ -191,8 +198,9 @@ def test_what_the_collector_accepted_survives_its_sigkill_while_prometheus_is_do
 
     found = [(round(float(t) * 1000), float(v)) for row in rows for t, v in row["values"]]
     print(
-        f"{total} steps accepted ({PHASE} with all up, {PHASE} with Prometheus down before the "
-        f"Collector's SIGKILL, {PHASE} after its restart), {len(found)} found in Prometheus; "
+        f"{stop.name}: {total} steps accepted ({PHASE} with all up, {PHASE} with Prometheus down "
+        f"before the Collector's {stop.name}, {PHASE} after its restart), {len(found)} found in "
+        "Prometheus; "
         f"{held} bytes in its log at the kill; all there {drained:.1f} s after Prometheus was "
         f"back; refused by Prometheus {refused_first} then {refused_second}; failed in the "
         f"Collector {failed_first} then {failed_second}; {time.monotonic() - started:.1f} s"
