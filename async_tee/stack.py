@@ -29,6 +29,8 @@ COLLECTOR_PATHS = ("collector", "remote-write")
 COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.165.1"
 PROMETHEUS_IMAGE = "prom/prometheus:v3.16.0"
 GRAFANA_IMAGE = "grafana/grafana:12.1.0"
+COLLECTOR_MEMORY_MIB = 512
+"""The Collector's memory limit (``memory_limiter``'s hard limit; Go's ``GOMEMLIMIT`` is 80 %)."""
 
 PROMOTED = (
     "service.name",
@@ -45,7 +47,7 @@ so a NeMo-Lens selector (``service_name``, ``nemo_run_id``) finds them on every 
 
 @dataclasses.dataclass(frozen=True)
 class StackAddresses:
-    """Where each part listens and how the others reach it: compose's names by default.
+    """Where each part listens, keeps its data and how the others reach it: compose's by default.
 
     Attributes:
         prometheus: How the Collector and the ranks reach Prometheus (``host:port``).
@@ -61,6 +63,8 @@ class StackAddresses:
         scrape_interval_s: Prometheus's scrape and rule-evaluation interval.
         metric_expiration_s: How long the Collector's ``prometheus`` exporter keeps serving a
             series that stopped arriving (path b1): a dead rank is visible this long.
+        collector_data: The folder where the Collector keeps what it accepted and Prometheus
+            does not hold yet (its remote-write write-ahead log, path b2): a volume in compose.
     """
 
     prometheus: str = "prometheus:9090"
@@ -75,6 +79,7 @@ class StackAddresses:
     rank_targets: tuple[str, ...] = tuple(f"host.docker.internal:{9464 + r}" for r in range(8))
     scrape_interval_s: float = 15.0
     metric_expiration_s: float = 300.0
+    collector_data: str = "/var/lib/otelcol"
 
 
 def _seconds(value: float) -> str:
@@ -83,6 +88,29 @@ def _seconds(value: float) -> str:
 
 def _yaml_list(items: Sequence[str]) -> str:
     return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+
+
+def _remote_write_exporter(at: StackAddresses) -> str:
+    """Remote write that keeps what the Collector accepted across its crash, in order.
+
+    The exporter has no ``sending_queue`` (so no ``file_storage``): its own write-ahead log is
+    the persistent queue. With its in-memory queue off, a request is in the log (fsynced)
+    before the receiver answers; one reader drains the log, one request at a time, so a
+    rank's samples reach Prometheus in the order they came. A failed send is retried with
+    no time limit (the log keeps it, not memory) until Prometheus takes it.
+    """
+    return (
+        "    max_batch_request_parallelism: 1  # one request at a time: samples in order\n"
+        "    remote_write_queue:\n"
+        "      enabled: false  # accepted = in the log: the receiver answers once written\n"
+        "    wal:\n"
+        f"      directory: {at.collector_data}\n"
+        "      buffer_size: 100  # at most this many requests read from the log per send\n"
+        "      truncate_frequency: 200ms  # about the longest a request waits to be sent\n"
+        "    retry_on_failure:\n"
+        "      max_interval: 5s  # the longest wait between tries (+/- half)\n"
+        "      max_elapsed_time: 0s  # never give up: the log holds the backlog on disk\n"
+    )
 
 
 def collector_config(
@@ -107,7 +135,7 @@ def collector_config(
             f"  {name}:\n"
             f"    endpoint: http://{at.prometheus}/api/v1/write\n"
             + labels
-            + "    max_batch_request_parallelism: 1  # one request at a time: samples in order\n"
+            + _remote_write_exporter(at)
         )
     else:
         raise ValueError(f"the {path!r} path has no Collector; one of 'collector', 'remote-write'")
@@ -123,7 +151,12 @@ def collector_config(
         "      http:\n"
         f"        endpoint: {at.collector_otlp_http}\n"
         "processors:\n"
-        "  batch: {}\n"
+        "  # First in the pipeline: past its soft limit the receiver refuses (retryable) rather\n"
+        "  # than the Collector growing until it is killed.\n"
+        "  memory_limiter:\n"
+        "    check_interval: 1s\n"
+        f"    limit_mib: {COLLECTOR_MEMORY_MIB}\n"
+        f"    spike_limit_mib: {COLLECTOR_MEMORY_MIB // 4}\n"
         "exporters:\n"
         + exporter
         + "".join(f"  {key}:\n{block}" for key, block in extra.items())
@@ -140,7 +173,7 @@ def collector_config(
         "  pipelines:\n"
         "    metrics:\n"
         "      receivers: [otlp]\n"
-        "      processors: [batch]\n"
+        "      processors: [memory_limiter]\n"
         f"      exporters: {_yaml_list(exporters)}\n"
     )
 
@@ -229,18 +262,30 @@ def _port(address: str) -> str:
     return address.rsplit(":", 1)[1]
 
 
-def _compose(path: str) -> str:
+def _compose(path: str, at: StackAddresses) -> str:
     """The compose file: the official images at the pinned versions, the configs mounted."""
     flags = "".join(f"\n      - {flag}" for flag in prometheus_flags(path))
-    collector = (
-        "  otelcol:\n"
-        f"    image: {COLLECTOR_IMAGE}\n"
-        "    command: [--config=/etc/otelcol/config.yaml]\n"
-        "    volumes: [./otelcol.yaml:/etc/otelcol/config.yaml:ro]\n"
-        '    ports: ["4317:4317", "4318:4318"]\n'
-        if path in COLLECTOR_PATHS
-        else ""
-    )
+    collector = ""
+    if path in COLLECTOR_PATHS:
+        keeps = path == "remote-write"  # its write-ahead log outlives the container
+        collector = (
+            "  otelcol:\n"
+            f"    image: {COLLECTOR_IMAGE}\n"
+            "    command: [--config=/etc/otelcol/config.yaml]\n"
+            "    restart: unless-stopped  # after a crash it comes back and sends what it kept\n"
+            f"    environment: [GOMEMLIMIT={COLLECTOR_MEMORY_MIB * 4 // 5}MiB]\n"
+            + (
+                "    # Root: the image has no folder its own user may write, and a new volume is\n"
+                "    # root's.\n"
+                '    user: "0:0"\n'
+                if keeps
+                else ""
+            )
+            + "    volumes:\n"
+            "      - ./otelcol.yaml:/etc/otelcol/config.yaml:ro\n"
+            + (f"      - otelcol-data:{at.collector_data}\n" if keeps else "")
+            + '    ports: ["4317:4317", "4318:4318"]\n'
+        )
     return (
         f"# Generated by `async-tee stack --path {path}`: docker compose up, then start the ranks\n"
         "# with the variables in ranks.env.\n"
@@ -259,6 +304,7 @@ def _compose(path: str) -> str:
         "      - ./grafana:/etc/grafana/provisioning:ro\n"
         "      - ./dashboard.json:/var/lib/grafana/dashboards/async_tee.json:ro\n"
         '    ports: ["3000:3000"]\n'
+        + ("volumes:\n  otelcol-data: {}\n" if path == "remote-write" else "")
     )
 
 
@@ -304,7 +350,7 @@ def render_stack(
     files = {
         "prometheus.yml": prometheus_config(path, at),
         "rules.yml": render_rules(thresholds),
-        "compose.yaml": _compose(path),
+        "compose.yaml": _compose(path, at),
         "ranks.env": "".join(f"{k}={v}\n" for k, v in rank_environment(path, at).items()),
         "grafana/datasources/prometheus.yaml": _GRAFANA_DATASOURCE,
         "grafana/dashboards/async_tee.yaml": _GRAFANA_DASHBOARDS,

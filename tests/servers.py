@@ -185,6 +185,47 @@ def local_addresses(
     )
 
 
+def write_stack(
+    path: str,
+    folder: Path,
+    at: stack.StackAddresses,
+    thresholds: AlertThresholds | None = None,
+    extra_exporters: Mapping[str, str] | None = None,
+) -> stack.StackAddresses:
+    """Write the stack of ``path`` into ``folder``; the addresses it was written for: ``at``
+    with the Collector keeping its data in ``folder`` too (its remote-write log)."""
+    at = dataclasses.replace(at, collector_data=str(folder / "otelcol-data"))
+    files = stack.render_stack(path, at, thresholds)
+    if extra_exporters:
+        files["otelcol.yaml"] = stack.collector_config(path, at, extra_exporters)
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return at
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def prometheus_argv(
+    path: str, folder: Path, at: stack.StackAddresses, prometheus: str | None = None
+) -> list[str]:
+    """How to start the Prometheus of a stack written into ``folder`` (its data kept there)."""
+    return [
+        prometheus or binary("prometheus"),
+        f"--config.file={folder / 'prometheus.yml'}",
+        f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address={at.prometheus_listen}",
+        *stack.prometheus_flags(path),
+    ]
+
+
+def otelcol_argv(folder: Path) -> list[str]:
+    """How to start the Collector of a stack written into ``folder``."""
+    return [binary("otelcol"), f"--config={folder / 'otelcol.yaml'}"]
+
+
 @contextlib.contextmanager
 def run_stack(
     path: str,
@@ -198,38 +239,49 @@ def run_stack(
 
     ``prometheus``: another Prometheus binary (Debian's 2.42) on the scrape path.
     """
-    at = addresses or local_addresses()
-    files = stack.render_stack(path, at, thresholds)
-    if extra_exporters:
-        files["otelcol.yaml"] = stack.collector_config(path, at, extra_exporters)
-    for name, text in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
-    web = int(at.prometheus_listen.rsplit(":", 1)[1])
+    at = write_stack(path, folder, addresses or local_addresses(), thresholds, extra_exporters)
+    web = port_of(at.prometheus_listen)
     pids: dict[str, int] = {}
     with contextlib.ExitStack() as running:
         pids["prometheus"] = running.enter_context(
             server(
-                [
-                    prometheus or binary("prometheus"),
-                    f"--config.file={folder / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={folder / 'data'}",
-                    f"--web.listen-address={at.prometheus_listen}",
-                    *stack.prometheus_flags(path),
-                ],
+                prometheus_argv(path, folder, at, prometheus),
                 web,
                 folder / "prometheus.log",
                 "prometheus",
             )
         )
-        if "otelcol.yaml" in files:
-            grpc = int(at.collector_otlp_grpc.rsplit(":", 1)[1])
+        if path in stack.COLLECTOR_PATHS:
             pids["otelcol"] = running.enter_context(
                 server(
-                    [binary("otelcol"), f"--config={folder / 'otelcol.yaml'}"],
-                    grpc,
+                    otelcol_argv(folder),
+                    port_of(at.collector_otlp_grpc),
                     folder / "otelcol.log",
                     "otelcol",
                 )
             )
         yield RunningStack(path, web, at, folder, pids)
+
+
+def metric_samples(port: int) -> list[Any]:
+    """Every sample a server's own ``/metrics`` serves now (``prometheus_client`` samples:
+    name, labels, value)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def own_counters(port: int) -> dict[str, float]:
+    """A server's own counters: by name (summed over labels), and by ``name/exporter`` for
+    a Collector exporter's."""
+    found: dict[str, float] = {}
+    for sample in metric_samples(port):
+        if sample.name.endswith("_total"):
+            keys = [sample.name]
+            if "exporter" in sample.labels:
+                keys.append(f"{sample.name}/{sample.labels['exporter']}")
+            for key in keys:
+                found[key] = found.get(key, 0.0) + sample.value
+    return found

@@ -31,6 +31,7 @@ from servers import (
     firing_and_pending,
     free_ports,
     local_addresses,
+    own_counters,
     query,
     run_stack,
     wait_for_query,
@@ -254,26 +255,18 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _collector_counts(port: int) -> dict[str, float]:
-    """The Collector's own counters (its telemetry endpoint): by name, and by
-    ``name/exporter`` for an exporter's."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                keys = [sample.name]
-                if "exporter" in sample.labels:
-                    keys.append(f"{sample.name}/{sample.labels['exporter']}")
-                for key in keys:
-                    counts[key] = counts.get(key, 0.0) + sample.value
-    return counts
-
-
 RANKS_AT_ONCE, STEPS = 32, 8
+
+
+def _missing(rows: list[dict[str, Any]], reports: dict[int, Any]) -> dict[int, int]:
+    """How many of each rank's steps (0, the set-up call, to ``STEPS``) have no sample."""
+    by_rank = {row["metric"]["rl_rank"]: {float(v) for _, v in row["values"]} for row in rows}
+    every = set(map(float, range(STEPS + 1)))
+    return {rank: len(every - by_rank.get(str(rank), set())) for rank in reports}
+
+
+def _coalesced(reports: dict[int, Any]) -> dict[int, int]:
+    return {rank: report["stats"]["steps"]["coalesced"] for rank, report in reports.items()}
 
 
 @pytest.mark.timeout(240)
@@ -301,14 +294,20 @@ def test_32_ranks_through_one_collector_every_step_of_every_rank_arrives(tmp_pat
         port = running.addresses.collector_telemetry_port
         deadline = time.monotonic() + 20
         while True:  # the last batch may still be on its way out: poll the Collector
-            counts = _collector_counts(port)
+            counts = own_counters(port)
             accepted = counts["otelcol_receiver_accepted_metric_points_total"]
             if counts["otelcol_exporter_sent_metric_points_total"] == 2 * accepted:
                 break  # both exporters (remote write, debug) passed on every point
             assert time.monotonic() < deadline, counts
             time.sleep(0.2)  # polling an external server, not waiting for our worker
         collector_cpu = _cpu_seconds(running.pids["otelcol"]) - collector_cpu
-        samples = query(running.web, 'rl_step{rl_run_id="wide"}[10m]')
+        # What the Collector passed on is in its remote-write log, sent within a second or two.
+        samples = wait_for_query(
+            running.web,
+            'rl_step{rl_run_id="wide"}[10m]',
+            lambda rows: _missing(rows, reports) == _coalesced(reports),
+            timeout_s=20,
+        )
         with urllib.request.urlopen(f"http://127.0.0.1:{running.web}/metrics", timeout=10) as got:
             own = [  # Prometheus's own word on samples it refused (for the failure message)
                 line
@@ -332,8 +331,10 @@ def test_32_ranks_through_one_collector_every_step_of_every_rank_arrives(tmp_pat
     coalesced = sum(report["stats"]["steps"]["coalesced"] for report in reports.values())
     sent = "otelcol_exporter_sent_metric_points_total/"
     assert counts[sent + "debug"] == counts[sent + "prometheus_remote_write"] == accepted
+    logged = counts["otelcol_exporter_prometheusremotewrite_wal_bytes_written_total"]
     print(
         f"32 ranks x {STEPS} steps in {took:.1f} s: the Collector took {accepted:.0f} points "
         f"({accepted / took:.0f}/s) for {collector_cpu:.2f} CPU-s "
-        f"({1e6 * collector_cpu / accepted:.1f} CPU-us a point); {coalesced} steps coalesced"
+        f"({1e6 * collector_cpu / accepted:.1f} CPU-us a point); {coalesced} steps coalesced; "
+        f"its remote-write log took {logged / accepted:.0f} bytes a point"
     )

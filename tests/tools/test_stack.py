@@ -47,3 +47,32 @@ def test_an_unknown_path_is_refused_with_the_choices():
         stack.render_stack("carrier-pigeon")
     with pytest.raises(ValueError, match="no Collector"):
         stack.collector_config("otlp", stack.StackAddresses())
+
+
+def test_the_remote_write_collector_keeps_what_it_accepts_on_disk_and_sends_it_in_order():
+    """What the real Collector does with these keys: tests/e2e/test_collector_restart.py."""
+    yaml = pytest.importorskip("yaml")
+    at = stack.StackAddresses(collector_data="/data/otelcol")
+    files = stack.render_stack("remote-write", at)
+    config = yaml.safe_load(files["otelcol.yaml"])
+    pipeline = config["service"]["pipelines"]["metrics"]
+    assert pipeline["processors"] == ["memory_limiter"]  # first; no batch holds what it took
+    exporter = config["exporters"]["prometheus_remote_write"]
+    assert exporter["wal"]["directory"] == "/data/otelcol"  # the log, on the volume
+    assert exporter["remote_write_queue"] == {"enabled": False}  # answered once in the log
+    assert exporter["max_batch_request_parallelism"] == 1  # one request at a time: in order
+    assert exporter["retry_on_failure"]["max_elapsed_time"] == "0s"  # never given up
+    assert "extensions" not in config  # nothing uses file_storage: the exporter has no queue
+    compose = yaml.safe_load(files["compose.yaml"])
+    assert "otelcol-data:/data/otelcol" in compose["services"]["otelcol"]["volumes"]
+    assert compose["volumes"] == {"otelcol-data": {}}
+    assert compose["services"]["otelcol"]["restart"] == "unless-stopped"
+
+
+def test_the_collector_path_limits_memory_and_keeps_nothing_to_send():
+    yaml = pytest.importorskip("yaml")
+    files = stack.render_stack("collector")
+    config = yaml.safe_load(files["otelcol.yaml"])
+    assert config["service"]["pipelines"]["metrics"]["processors"] == ["memory_limiter"]
+    assert "sending_queue" not in config["exporters"]["prometheus"]  # pulled: nothing waits
+    assert "volumes" not in yaml.safe_load(files["compose.yaml"])
