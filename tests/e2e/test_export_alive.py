@@ -113,9 +113,7 @@ def _fds() -> int:
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("collector", ["stalled", "black hole"])
-def test_timed_out_shutdowns_give_back_every_thread_and_socket(
-    sink, protocol, collector
-):
+def test_timed_out_shutdowns_give_back_every_thread_and_socket(sink, protocol, collector):
     import socket
 
     with socket.socket() as hole:  # accepts connections into its backlog, never answers

@@ -218,8 +218,7 @@ def test_past_the_backlogs_bound_exactly_the_counted_oldest_requests_are_missing
         )
         fired = wait_for_query(
             running.web,
-            f'ALERTS{{alertname="AsyncTeeExportsDropped", rl_run_id="{RUN}", '
-            'reason="overflow"}',
+            f'ALERTS{{alertname="AsyncTeeExportsDropped", rl_run_id="{RUN}", reason="overflow"}}',
             bool,
             90,
         )
@@ -236,4 +235,3 @@ def test_past_the_backlogs_bound_exactly_the_counted_oldest_requests_are_missing
     assert missing[-1] < steps - 3  # the newest were kept
     assert fired
     assert delivered is False  # the rank says its delivery was not whole
-

@@ -121,9 +121,7 @@ def test_fast_steps_are_coalesced_and_counted_and_the_rate_is_bounded(sink):
 
 
 @pytest.mark.parametrize("collector", ["stalled", "black_hole"])
-def test_a_stuck_collector_costs_a_bounded_backlog_and_shutdown_keeps_its_deadline(
-    sink, collector
-):
+def test_a_stuck_collector_costs_a_bounded_backlog_and_shutdown_keeps_its_deadline(sink, collector):
     hole, port = black_hole()
     try:
         _stuck_collector(sink, collector, port)
