@@ -56,14 +56,11 @@ def reset_warnings() -> None:
 
 SECRET_LOGGERS = (
     "async_tee",
-    "opentelemetry.exporter.otlp.proto.grpc.exporter",
-    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
     "opentelemetry.sdk.metrics._internal.export",
-    "urllib3.connectionpool",
 )
-"""The loggers whose records may carry the endpoint or a header: async_tee's own, the OTLP
-exporters', the SDK reader's and urllib3's. A filter on each redacts a session's secrets."""
+"""The loggers whose records may carry the endpoint or a header: async_tee's own (its OTLP
+transports' errors are said there) and the SDK readers' (the console's). A filter on each
+redacts a session's secrets."""
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:

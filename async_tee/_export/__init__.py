@@ -1,1 +1,1 @@
-"""The exports: the exporting reader, the exporters, the provider, OTLP encoding and transport."""
+"""The exports: OTLP's request, backlog, sender and transports; the SDK's readers; the provider."""

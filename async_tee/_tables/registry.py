@@ -319,7 +319,7 @@ class Histogram(Instrument):
     """A histogram recorded into the SDK's instrument and into a table of its own.
 
     The table (``points``, bucketed by ``bounds``) is what an export built from the tables
-    reads (``_export/table_encode``); the SDK's instrument serves every other reader.
+    reads (``_export/encode``); the SDK's instrument serves every other reader.
     """
 
     __slots__ = ("_instrument", "_seen", "bounds", "limit", "points")
