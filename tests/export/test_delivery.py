@@ -40,7 +40,7 @@ def _step(step: int) -> None:
 
 def _steps_received(sink: OtlpSink) -> list[tuple[float, int]]:
     """Every ``rl.step`` point the receiver holds: (step, time), in arrival order."""
-    return [(p.value, p.time_unix_nano) for p in sink.points() if p.name == "rl.step"]
+    return [(float(p.value or 0), p.time_unix_nano) for p in sink.points() if p.name == "rl.step"]
 
 
 def _delivery() -> dict[str, Any]:
@@ -75,8 +75,8 @@ def test_steps_logged_while_the_receiver_is_down_arrive_in_order_at_their_own_ti
         _step(step)
     assert async_tee.stats()["steps"]["coalesced"] == 0  # not folded: queued
     assert _delivery()["queued"] >= 1
-    kwargs = {"grpc_port": port} if protocol == "grpc" else {"http_port": port}
-    with OtlpSink(**kwargs) as second:
+    back = OtlpSink(grpc_port=port) if protocol == "grpc" else OtlpSink(http_port=port)
+    with back as second:
         _wait_delivered(session)
         received = _steps_received(second)
         delivery = _delivery()
