@@ -121,16 +121,26 @@ class Backlog:
         self.waiting.appendleft(request)
         return self._keep_bound()
 
-    def done(self, request: Request, delivered: bool, reason: str = "refused") -> None:
-        """The request in flight was delivered, or is dropped for ``reason``."""
+    def put_back(self, request: Request) -> None:
+        """The request in flight was not sent (the shutdown aborted it): first again, as it was."""
+        self.in_flight = None
+        self.waiting.appendleft(request)
+
+    def delivered_one(self, request: Request, rejected_points: int = 0) -> None:
+        """The request in flight was delivered (``rejected_points`` of it refused: partial)."""
         self.in_flight = None
         self.bytes -= len(request.data)
-        if delivered:
-            self.delivered += 1
-            self.delivered_points += request.points
-            self._finish(request, True)
-        else:
-            self._count_dropped(request, reason)
+        self.delivered += 1
+        self.delivered_points += request.points
+        self.rejected_points += rejected_points
+        self._finish(request, True)
+
+    def refused(self, request: Request, reason: str) -> None:
+        """The receiver refused the request in flight for good (``reason``, a bounded label)."""
+        self.in_flight = None
+        self.bytes -= len(request.data)
+        self.refused_by_reason[reason] = self.refused_by_reason.get(reason, 0) + 1
+        self._count_dropped(request, "refused")
 
     def drop_all(self, reason: str) -> list[Request]:
         """Drop every request left, in flight too (the shutdown's deadline passed)."""

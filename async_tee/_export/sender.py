@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from async_tee._export.delivery import Backlog, ExportCounts, Request
-from async_tee._export.transport import Answer, Transport, fix_for
+from async_tee._export.transport import ABORTED, Answer, Transport, fix_for
 from async_tee._reporting import logger, warn_once
 from async_tee._worker.gil import budget
 from async_tee._worker.loop import EpisodeLog
@@ -265,24 +265,20 @@ class OtlpSender:
         with self._cond:
             backlog = self.backlog
             if answer.delivered:
-                backlog.done(request, True)
-                backlog.rejected_points += answer.rejected_points
+                backlog.delivered_one(request, answer.rejected_points)
                 self._retry_at = 0.0
-            elif answer.reason == "aborted":  # the shutdown's deadline: it stays, counted there
-                backlog.waiting.appendleft(request)
-                backlog.in_flight = None
+            elif answer is ABORTED:  # the shutdown's deadline: it stays, dropped and said there
+                backlog.put_back(request)
                 self._deadline = 0.0
             elif answer.retry:
                 wait = backoff_s(request.attempts + 1, answer.retry_after_s)
                 self._retry_at = time.monotonic() + wait
                 self._note_overflow(backlog.again(request))
             else:
-                backlog.done(request, False)
-                backlog.refused_by_reason[answer.reason] = (
-                    backlog.refused_by_reason.get(answer.reason, 0) + 1
-                )
+                backlog.refused(request, answer.reason)
             self._cond.notify_all()
-        self._note_answer(request, answer)
+        if answer is not ABORTED:
+            self._note_answer(request, answer)
 
     def _note_answer(self, request: Request, answer: Answer) -> None:
         """Say what a person must know, once: failing, back, refused, partly rejected."""
@@ -310,7 +306,7 @@ class OtlpSender:
             return
         self.failures += 1
         self.last_error = answer.error or answer.reason
-        if not answer.retry and answer.reason != "aborted":
+        if not answer.retry:
             warn_once(
                 f"export:refused:{self.name}:{answer.reason}",
                 "async_tee: the receiver at %s refused an export for good (%s): it is dropped "
