@@ -31,8 +31,8 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   process CPU per step of ``http`` (the default) and ``step`` (gRPC) over them, as totals
   over the measured steps and as the median and p99 over the per-step windows.
 
-Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 3 min). ``--quick``: 2 steps
-of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
+Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 5.5 min). ``--quick``: 2 steps
+of 1 s per mode (about 20 s), a smoke run with no figure to rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
 the setup call and one step, then 2 s so that the first measured step is at least
