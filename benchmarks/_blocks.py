@@ -341,16 +341,24 @@ def snapshot(target: Target) -> dict[str, Any]:
         snap["overflow"] = stats["dropped_by_reason"]["overflow"]
         snap["exports_ok"] = stats["exports"].get("success", 0)
         snap["exports_failed"] = stats["exports"].get("failure", 0)
+        delivery = stats["delivery"]
+        snap["backlog"] = {  # levels, not counts: the export backlog now
+            "queued": delivery["queued"],
+            "queued_bytes": delivery["queued_bytes"],
+            "dropped_overflow": delivery["dropped"]["overflow"],
+        }
     return snap
 
 
 def difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What happened between two snapshots."""
+    """What happened between two snapshots (the export backlog: as it was at the second)."""
     out = {
         key: after[key] - before[key]
         for key in after
         if key != "threads" and isinstance(after[key], int)
     }
+    if "backlog" in after:
+        out["backlog"] = after["backlog"]
     out["thread_cpu_ns"] = {
         name: after["threads"][name] - cpu
         for name, cpu in before["threads"].items()
@@ -414,7 +422,8 @@ def run_cells(cells: Sequence[tuple[Condition, Env]], plan: Plan) -> dict[str, l
 
 
 def _sum_info(blocks: Sequence[Block]) -> dict[str, Any]:
-    """Numeric block figures summed over blocks (thread CPU merged per thread)."""
+    """Numeric block figures summed over blocks (thread CPU merged per thread; the export
+    backlog at the blocks' ends: the largest)."""
     totals: dict[str, Any] = {}
     for block in blocks:
         for key, value in block.info.items():
@@ -424,6 +433,10 @@ def _sum_info(blocks: Sequence[Block]) -> dict[str, Any]:
                 merged = totals.setdefault("thread_cpu_ns", {})
                 for name, ns in value.items():
                     merged[name] = merged.get(name, 0) + ns
+            elif key == "backlog":
+                largest = totals.setdefault("backlog_max", {})
+                for name, level in value.items():
+                    largest[name] = max(largest.get(name, 0), level)
     return totals
 
 

@@ -239,7 +239,7 @@ def rss_bytes() -> int:
 class Session:
     """A running session: its ``Pipeline``, the threads it started, and what teardown saw.
 
-    ``threads`` is ``handle.threads`` (the worker, the SDK's periodic reader, any server)
+    ``threads`` is ``handle.threads`` (the worker, the exporting thread, any server)
     as the session reported them when it started, so teardown joins exactly those.
     """
 
@@ -253,15 +253,9 @@ class Session:
 
 
 @contextlib.contextmanager
-def pipeline(
-    port: int, queue_size: int | None = None, encoder: str = "tables"
-) -> Iterator[Session]:
-    """The real pipeline exporting to ``port``; shut down, joined and reset afterwards.
-
-    ``encoder``: ``ASYNC_TEE_ENCODER``, how exports are built (``sdk``: the SDK's way).
-    """
-    environ = {**otlp_environ(port), "ASYNC_TEE_ENCODER": encoder}
-    handle = async_tee.start_telemetry(environ=environ, queue_size=queue_size)
+def pipeline(port: int, queue_size: int | None = None) -> Iterator[Session]:
+    """The real pipeline exporting to ``port``; shut down, joined and reset afterwards."""
+    handle = async_tee.start_telemetry(environ=otlp_environ(port), queue_size=queue_size)
     if not isinstance(handle, async_tee.Pipeline) or not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
     running = Session(handle, handle.threads)

@@ -10,30 +10,29 @@ its own step axis), then sleeps until the step's deadline (deadlines are absolut
 steps do not drift). The fixture's ``timing/setup`` call is logged once, at step 0.
 
 Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
-``shutdown_telemetry(10)``), the two modes of one step length back to back:
+``shutdown_telemetry(10)``), the modes of one step length back to back:
 
-- ``step``: OTLP/gRPC, ``ASYNC_TEE_STEP_EXPORT=1`` (the default),
-  ``OTEL_METRIC_EXPORT_INTERVAL`` left at its default (60 s), so every export is a step
-  export: the worker collects at the step boundary and the ``async-tee-export`` thread sends.
-- ``periodic``: ``ASYNC_TEE_STEP_EXPORT=0`` and ``OTEL_METRIC_EXPORT_INTERVAL`` = the step
-  length, so it also exports about once per step; the exporting thread collects and sends.
-- ``sdk``: as ``step``, with ``ASYNC_TEE_ENCODER=sdk``: the request is built by the SDK's
-  collection and encoding, the reference; ``step`` and ``periodic`` build it from
-  async_tee's tables (``_export.table_encode``, the default: their ``collect`` column stays
-  empty, the build being in the worker's or the exporting thread's CPU).
-- ``http``: as ``step``, over OTLP/HTTP (the default protocol; the receiver's HTTP port):
-  sent through async_tee's ``http.client`` transport; ``http-requests``: the same through the
-  ``requests`` session async_tee uses where a proxy variable applies (no gRPC thread in
-  either: ``threads`` is the worker, the exporting thread and the receiver-less rest).
+- ``http``: step-aligned export over OTLP/HTTP, the defaults (``ASYNC_TEE_STEP_EXPORT=1``,
+  ``OTEL_METRIC_EXPORT_INTERVAL`` at its 60 s, so every export is a step export): at the
+  step boundary the worker builds the step's request from async_tee's tables and queues it
+  (``OtlpSender.collect_step``); the ``async-tee-export`` thread sends it through async_tee's
+  kept-alive ``http.client`` transport (no thread of its own: ``other`` is near 0).
+- ``step``: the same over OTLP/gRPC (async_tee's gRPC transport: a grpc channel and a raw
+  unary call; ``other`` is gRPC's C-core threads).
+- ``periodic``: OTLP/gRPC, ``ASYNC_TEE_STEP_EXPORT=0`` and ``OTEL_METRIC_EXPORT_INTERVAL`` =
+  the step length, so it also exports about once per step; the exporting thread builds the
+  request and sends it.
 - ``sdk-alone``: the baseline, no async_tee: the OTel SDK records the same series inline on
   the training thread, the seed's way (the same mapping, one synchronous instrument call per
-  value), and its ``PeriodicExportingMetricReader`` exports them over OTLP/gRPC once a step
-  (the Python SDK's ``otlp``); ``sdk-alone-http``: the same through the SDK's OTLP/HTTP
-  exporter. Only the whole process's and the training thread's CPU are measured; the ratio
-  table gives the process CPU per step of ``step`` (gRPC) and ``http`` over them.
+  value: ``_blocks.seed_recorder``), and its own ``PeriodicExportingMetricReader`` with the
+  SDK's ``OTLPMetricExporter`` exports them over OTLP/gRPC once a step (the Python SDK's
+  ``otlp``); ``sdk-alone-http``: the same through the SDK's OTLP/HTTP exporter. Only the
+  whole process's and the training thread's CPU are measured; the ratio table gives the
+  process CPU per step of ``http`` (the default) and ``step`` (gRPC) over them, as totals
+  over the measured steps and as the median and p99 over the per-step windows.
 
-Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 3 min). ``--quick``: 2 steps
-of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
+Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 5.5 min). ``--quick``: 2 steps
+of 1 s per mode (about 20 s), a smoke run with no figure to rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
 the setup call and one step, then 2 s so that the first measured step is at least
@@ -43,29 +42,32 @@ The measured windows are the steps after it, from one step's start to the next's
 
 Measurement (thread CPU time, never wall time):
 
-- Per export, inside the thread: the benchmark wraps the session reader's ``_send`` (one
-  export: encode and send over gRPC) and ``collect`` (the collection; the observable
-  callbacks) with ``time.thread_time_ns()`` (``CLOCK_THREAD_CPUTIME_ID``: nanosecond CPU
-  time of the calling thread), so each export has its own sample whatever thread does it.
-  The exporting thread's CPU per export is the send plus, in periodic mode, the
-  collection it makes itself (an export nested in a collection is subtracted from it). The
-  wrappers cost two clock reads each.
+- Per export, inside the thread: the benchmark wraps the session sender's ``_send`` (one
+  request sent, its answer settled) and ``_make`` (one request built from the tables; the
+  observable callbacks) with ``time.thread_time_ns()`` (``CLOCK_THREAD_CPUTIME_ID``:
+  nanosecond CPU time of the calling thread), so each export has its own sample whatever
+  thread does it. The exporting thread's CPU per export is the send plus, in periodic
+  mode, the build it made itself (paired by the request). The wrappers cost two clock
+  reads each.
 - Per step window, whole threads: the ``async-tee-export`` and ``async-tee-worker``
   threads' CPU clocks (``pthread_getcpuclockid``, read from the training thread at each
   step start; nanoseconds, unlike ``/proc/self/task/<tid>/stat``'s utime+stime, which
   counts 10 ms ticks and cannot resolve a ~1 ms export), the training thread's own, and
   the process's (``process_time_ns``). ``other`` is the process minus those three: gRPC's
-  C-core threads. Exporting-thread diffs are one export per window in ``step`` mode (the
-  export follows the boundary by ~0.1 s), about one in ``periodic`` mode (the timer drifts
-  against the steps; windows with another count are reported).
+  C-core threads (about nothing over OTLP/HTTP). Exporting-thread diffs are one export per
+  window in the step-aligned modes (the export follows the boundary by ~0.1 s), about one
+  in ``periodic`` mode (the timer drifts against the steps; windows with another count are
+  reported).
 
 Reported per cell: percentiles (nearest rank; p50/p99/p99.9/max, n small so the tail is
 the max) and totals (sum over the measured windows, divided by steps or exports);
-``stats()["exports_by_trigger"]`` and ``stats()["steps"]`` after the measured steps and
-after shutdown. In ``step`` mode every step must get its own export (``steps.exported ==
-steps.completed``, ``coalesced == 0``, one step export per measured window); otherwise a
-WARNING line is printed and recorded. Ratios step/periodic: the exporting thread's CPU
-per export (p50 and total/exports), and all the session's threads' CPU per step.
+``stats()["exports_by_trigger"]``, ``stats()["steps"]`` and ``stats()["delivery"]`` after
+the measured steps and after shutdown. In the step-aligned modes every step must get its
+own export (``steps.exported == steps.completed``, ``coalesced == 0``, one step export per
+measured window); otherwise a WARNING line is printed and recorded. Ratios step/periodic:
+the exporting thread's CPU per export (p50 and total/exports), and all the session's
+threads' CPU per step; the process CPU per step of ``http`` and ``step`` over the SDK
+alone's.
 
 Output: a table on stdout, JSON at ``--out`` (default: a temp dir, as the other parts run
 alone). ``run_all.py`` keeps it as the ``export`` part of ``results/latest.json`` and puts its
@@ -108,13 +110,12 @@ from _common import (
 
 import async_tee
 from async_tee import testing
-from async_tee._export import http_session as _http_session
 
 WORKER = "async-tee-worker"
 EXPORTER = "async-tee-export"
-MODES = ("step", "periodic", "sdk", "http", "http-requests", "sdk-alone", "sdk-alone-http")
-STEP_MODES = ("step", "sdk", "http", "http-requests")  # every export a step export
-HTTP_MODES = ("http", "http-requests", "sdk-alone-http")  # OTLP/HTTP
+MODES = ("http", "step", "periodic", "sdk-alone", "sdk-alone-http")
+STEP_MODES = ("http", "step")  # every export a step export
+HTTP_MODES = ("http", "sdk-alone-http")  # OTLP/HTTP
 SDK_ALONE = "sdk-alone"  # no async_tee: the OTel SDK alone, the seed's way (OTLP/gRPC)
 SDK_ALONE_HTTP = "sdk-alone-http"  # the same over the SDK's OTLP/HTTP exporter
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
@@ -122,7 +123,7 @@ QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
 SHUTDOWN_TIMEOUT_S = 10
 JOIN_S = 5.0
-FLUSH_MS = 5000
+FLUSH_S = 5.0
 
 # ------------------------------------------------------------------ the simulated loop
 
@@ -173,82 +174,71 @@ def log_step(logger: async_tee.Logger, calls: Iterable[Call], step: int) -> None
 
 @dataclass
 class Sent:
-    """One export (the reader's ``_send``), timed on the thread that made it."""
+    """One send (the sender's ``_send``), timed on the thread that made it."""
 
     at_ns: int  # perf_counter_ns when it started
     trigger: str
     thread: str
     send_cpu_ns: int
     send_wall_ns: int
-    collect_cpu_ns: int = 0  # the collection around it, on the same thread (periodic)
+    make_cpu_ns: int = 0  # building its request, when the same thread built it (periodic)
 
     @property
     def thread_cpu_ns(self) -> int:
         """What this export cost the thread that sent it."""
-        return self.send_cpu_ns + self.collect_cpu_ns
+        return self.send_cpu_ns + self.make_cpu_ns
 
 
 @dataclass
-class Collected:
-    """One collection (the reader's ``collect``), its own CPU (a nested export excluded)."""
+class Made:
+    """One request built (the sender's ``_make``) on its thread."""
 
     at_ns: int
-    trigger: str | None
+    trigger: str
     thread: str
     cpu_ns: int
 
 
 @dataclass
 class Probe:
-    """Wraps a session reader's ``collect`` and ``_send`` to time each on its own thread."""
+    """Wraps a session sender's ``_make`` and ``_send`` to time each on its own thread."""
 
-    reader: Any
+    sender: Any
     sent: list[Sent] = field(default_factory=list)
-    collected: list[Collected] = field(default_factory=list)
-    _local: threading.local = field(default_factory=threading.local)
+    made: list[Made] = field(default_factory=list)
+    _made_by: dict[int, Made] = field(default_factory=dict)  # request id -> its build
 
     def install(self) -> None:
-        reader = self.reader
-        collect: Callable[..., Any] = reader.collect
-        send: Callable[..., Any] = reader._send
+        sender = self.sender
+        make: Callable[..., Any] = sender._make
+        send: Callable[..., Any] = sender._send
         clock = time.thread_time_ns
 
-        def timed_collect(*args: Any, **kwargs: Any) -> Any:
-            frame: list[Sent] = []
-            stack = self._stack()
-            stack.append(frame)
-            trigger = getattr(reader._local, "trigger", None)
+        def timed_make(trigger: str, *args: Any, **kwargs: Any) -> Any:
             at, cpu = perf_counter_ns(), clock()
+            request = None
             try:
-                return collect(*args, **kwargs)
+                request = make(trigger, *args, **kwargs)
+                return request
             finally:
-                spent = clock() - cpu
-                stack.pop()
-                own = spent - sum(s.send_cpu_ns for s in frame)
-                for nested in frame:
-                    nested.collect_cpu_ns = own
-                self.collected.append(Collected(at, trigger, _thread_name(), own))
+                record = Made(at, trigger, _thread_name(), clock() - cpu)
+                self.made.append(record)
+                if request is not None:
+                    self._made_by[id(request)] = record
 
-        def timed_send(metrics_data: Any, trigger: str, *args: Any, **kwargs: Any) -> Any:
+        def timed_send(request: Any, *args: Any, **kwargs: Any) -> Any:
             at, cpu = perf_counter_ns(), clock()
             try:
-                return send(metrics_data, trigger, *args, **kwargs)
+                return send(request, *args, **kwargs)
             finally:
                 spent, wall = clock() - cpu, perf_counter_ns() - at
-                record = Sent(at, trigger, _thread_name(), spent, wall)
-                stack = self._stack()
-                if stack:
-                    stack[-1].append(record)
-                self.sent.append(record)
+                thread = _thread_name()
+                built = self._made_by.pop(id(request), None)
+                own = built.cpu_ns if built is not None and built.thread == thread else 0
+                self.sent.append(Sent(at, request.trigger, thread, spent, wall, own))
 
-        setattr(reader, "collect", timed_collect)  # noqa: B010 - an instance attribute
-        setattr(reader, "_send", timed_send)  # noqa: B010
-
-    def _stack(self) -> list[list[Sent]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+        setattr(sender, "_make", timed_make)  # noqa: B010 - an instance attribute
+        setattr(sender, "_send", timed_send)  # noqa: B010
 
 
 def _thread_name() -> str:
@@ -276,7 +266,6 @@ def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf" if mode in HTTP_MODES else "grpc",
     }
-    env["ASYNC_TEE_ENCODER"] = "sdk" if mode == "sdk" else "tables"
     if mode in STEP_MODES:
         env["ASYNC_TEE_STEP_EXPORT"] = "1"
     else:
@@ -320,16 +309,20 @@ def _thread(threads: list[threading.Thread], name: str) -> threading.Thread | No
     return next((t for t in threads if t.name == name), None)
 
 
-def _reader(handle: async_tee.Pipeline) -> Any:
-    """The session's OTLP ``ExportingReader`` (the one whose thread is the exporter)."""
-    readers = [r for r in handle.exports.readers if hasattr(r, "_send")]
-    if len(readers) != 1:
-        raise RuntimeError(f"expected one exporting reader, found {len(readers)}")
-    return readers[0]
+def _sender(handle: async_tee.Pipeline) -> Any:
+    """The session's OTLP sender (its thread is the exporting thread)."""
+    sender = handle.exports.sender
+    if sender is None:
+        raise RuntimeError("the session has no OTLP sender")
+    return sender
 
 
 def _step_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    return {"exports_by_trigger": stats["exports_by_trigger"], "steps": stats["steps"]}
+    return {
+        "exports_by_trigger": stats["exports_by_trigger"],
+        "steps": stats["steps"],
+        "delivery": stats["delivery"],
+    }
 
 
 def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[str, Any]:
@@ -360,7 +353,7 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
 
     period = round(step_s * 1e9)
     try:
-        reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
+        reader.force_flush(round(FLUSH_S * 1000))  # the connection opens before any window
         warm = perf_counter_ns()
         tee(setup, 0)
         for call in calls:
@@ -386,8 +379,8 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
         "steps": steps,
         "exports": steps,
         "exporter_cpu_per_export_us": None,
-        "collect_cpu_us": None,
-        "collect_threads": {},
+        "make_cpu_us": None,
+        "make_threads": {},
         "exporter_thread_cpu_per_step_us": None,
         "worker_cpu_per_step_us": None,
         "main_cpu_per_step_us": _pcts(main),
@@ -409,23 +402,18 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
     setup, calls = fixture_calls()
     logger = async_tee.Logger()
     environ = environ_for(mode, step_s, port)
-    with contextlib.ExitStack() as sender:
-        if mode == "http-requests":  # as where a proxy variable applies
-            original = _http_session.exporter_transport
-            _http_session.exporter_transport = lambda _endpoint: None  # type: ignore[assignment]
-            sender.callback(setattr, _http_session, "exporter_transport", original)
-        handle = async_tee.start_telemetry(environ=environ)
+    handle = async_tee.start_telemetry(environ=environ)
     if not isinstance(handle, async_tee.Pipeline) or not handle.is_exporting:
         raise RuntimeError("start_telemetry did not start exporting")
     threads = list(handle.threads)
     worker, exporter = _thread(threads, WORKER), _thread(threads, EXPORTER)
-    reader = _reader(handle)
-    probe = Probe(reader)
+    sender = _sender(handle)
+    probe = Probe(sender)
     probe.install()
     period = round(step_s * 1e9)
     info: dict[str, Any] = {}
     try:
-        reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
+        sender.force_flush(FLUSH_S)  # the connection opens before any window
         warm = perf_counter_ns()
         log_step(logger, [setup], 0)
         log_step(logger, calls, 1)
@@ -496,7 +484,7 @@ def summarise(
     edges = [s.wall for s in samples]
     first, last = edges[0], edges[-1]
     sent = [s for s in probe.sent if first <= s.at_ns < last]
-    collected = [c for c in probe.collected if first <= c.at_ns < last]
+    made = [m for m in probe.made if first <= m.at_ns < last]
     on_exporter = [s for s in sent if s.thread == EXPORTER]
     per_window = Counter(bisect.bisect_right(edges, s.at_ns) - 1 for s in on_exporter)
     window_exports = [per_window.get(i, 0) for i in range(steps)]
@@ -539,8 +527,8 @@ def summarise(
         "exporter_cpu_per_export_us": _pcts(s.thread_cpu_ns for s in on_exporter),
         "send_cpu_per_export_us": _pcts(s.send_cpu_ns for s in on_exporter),
         "send_wall_per_export_us": _pcts(s.send_wall_ns for s in on_exporter),
-        "collect_cpu_us": _pcts(c.cpu_ns for c in collected),
-        "collect_threads": dict(Counter(c.thread for c in collected)),
+        "make_cpu_us": _pcts(m.cpu_ns for m in made),
+        "make_threads": dict(Counter(m.thread for m in made)),
         # whole threads, per step window
         "exporter_thread_cpu_per_step_us": _pcts(exporter or []),
         "worker_cpu_per_step_us": _pcts(worker or []),
@@ -604,62 +592,83 @@ def _get(cell: dict[str, Any], key: str, stat: str) -> float | None:
     return None if value is None else value[stat]
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or not b else a / b
+
+
 def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step over periodic, per step length."""
+    """Step-aligned (gRPC) over periodic (gRPC), per step length."""
     out = []
     for step_s in sorted({c["step_s"] for c in cells}):
         by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
         if not {"step", "periodic"} <= set(by_mode):
             continue
         s, p = by_mode["step"], by_mode["periodic"]
-        t = by_mode.get("sdk")
-
-        def ratio(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None or not b else a / b
-
         out.append(
             {
                 "step_s": step_s,
-                "exporter_cpu_per_export_p50": ratio(
+                "exporter_cpu_per_export_p50": _ratio(
                     _get(s, "exporter_cpu_per_export_us", "p50"),
                     _get(p, "exporter_cpu_per_export_us", "p50"),
                 ),
-                "exporter_thread_cpu_per_export_total": ratio(
+                "exporter_thread_cpu_per_export_total": _ratio(
                     s["totals"]["exporter_thread_cpu_per_export_us"],
                     p["totals"]["exporter_thread_cpu_per_export_us"],
                 ),
-                "worker_cpu_per_step_total": ratio(
+                "worker_cpu_per_step_total": _ratio(
                     s["totals"]["worker_cpu_per_step_us"], p["totals"]["worker_cpu_per_step_us"]
                 ),
-                "threads_cpu_per_step_total": ratio(
+                "threads_cpu_per_step_total": _ratio(
                     s["totals"]["threads_cpu_per_step_us"], p["totals"]["threads_cpu_per_step_us"]
                 ),
-                "sdk_over_step_threads_cpu_per_step_total": None
-                if t is None
-                else ratio(
-                    t["totals"]["threads_cpu_per_step_us"], s["totals"]["threads_cpu_per_step_us"]
-                ),
-                # The whole process's CPU per step (the training thread's tee or inline
-                # recording included) against the SDK alone exporting the same series.
-                **{
-                    f"{mode}_over_{alone.replace('-', '_')}_process_cpu_per_step": None
-                    if alone not in by_mode or mode not in by_mode
-                    else ratio(
-                        by_mode[mode]["totals"]["process_cpu_per_step_us"],
-                        by_mode[alone]["totals"]["process_cpu_per_step_us"],
-                    )
-                    for mode in ("step", "http")
-                    for alone in (SDK_ALONE, SDK_ALONE_HTTP)
-                },
             }
         )
+    return out
+
+
+def against_sdk(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole process's CPU per step (the training thread's tee or inline recording
+    included) of ``http`` and ``step`` over the SDK alone exporting the same series: the
+    totals' ratio, and the ratios of the per-step windows' median and p99."""
+    out = []
+    for step_s in sorted({c["step_s"] for c in cells}):
+        by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
+        for mode in STEP_MODES:
+            for alone in (SDK_ALONE, SDK_ALONE_HTTP):
+                if mode not in by_mode or alone not in by_mode:
+                    continue
+                ours, theirs = by_mode[mode], by_mode[alone]
+                out.append(
+                    {
+                        "step_s": step_s,
+                        "mode": mode,
+                        "against": alone,
+                        "process_cpu_per_step_us": ours["totals"]["process_cpu_per_step_us"],
+                        "against_process_cpu_per_step_us": theirs["totals"][
+                            "process_cpu_per_step_us"
+                        ],
+                        "total": _ratio(
+                            ours["totals"]["process_cpu_per_step_us"],
+                            theirs["totals"]["process_cpu_per_step_us"],
+                        ),
+                        **{
+                            stat: _ratio(
+                                _get(ours, "process_cpu_per_step_us", stat),
+                                _get(theirs, "process_cpu_per_step_us", stat),
+                            )
+                            for stat in ("p50", "p99")
+                        },
+                    }
+                )
     return out
 
 
 # ------------------------------------------------------------------ tables
 
 
-TITLE = "Step-aligned export: CPU per export, against periodic export"
+TITLE = (
+    "Step-aligned export: CPU per export and per step, against periodic export and the SDK alone"
+)
 HEADER = (
     "step",
     "mode",
@@ -668,7 +677,7 @@ HEADER = (
     "export thr µs/export p50",
     "p99",
     "max",
-    "collect µs p50 (thread)",
+    "build µs p50 (thread)",
     "export thr µs/step p50",
     "worker µs/step p50",
     "p99",
@@ -683,7 +692,7 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """One row per cell; µs of thread CPU time."""
     rows: list[tuple[str, ...]] = []
     for c in cells:
-        collect_threads = ", ".join(sorted(c.get("collect_threads", {}))).replace("async-tee-", "")
+        make_threads = ", ".join(sorted(c.get("make_threads", {}))).replace("async-tee-", "")
         rows.append(
             (
                 f"{c['step_s']:g} s",
@@ -693,7 +702,7 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 fmt_opt(_get(c, "exporter_cpu_per_export_us", "p50")),
                 fmt_opt(_get(c, "exporter_cpu_per_export_us", "p99")),
                 fmt_opt(_get(c, "exporter_cpu_per_export_us", "max")),
-                f"{fmt_opt(_get(c, 'collect_cpu_us', 'p50'))} ({collect_threads})",
+                f"{fmt_opt(_get(c, 'make_cpu_us', 'p50'))} ({make_threads})",
                 fmt_opt(_get(c, "exporter_thread_cpu_per_step_us", "p50")),
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "p50")),
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "p99")),
@@ -712,10 +721,6 @@ RATIO_HEADER = (
     "export thr CPU/export total",
     "worker CPU/step total",
     "all threads CPU/step total",
-    "SDK-built / step: all threads CPU/step",
-    "process CPU/step: gRPC / SDK alone (gRPC)",
-    "HTTP (default) / SDK alone (gRPC)",
-    "HTTP (default) / SDK alone (HTTP)",
 )
 
 
@@ -728,12 +733,38 @@ def ratio_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             fmt_opt(r["exporter_thread_cpu_per_export_total"], ".2f"),
             fmt_opt(r["worker_cpu_per_step_total"], ".2f"),
             fmt_opt(r["threads_cpu_per_step_total"], ".2f"),
-            fmt_opt(r.get("sdk_over_step_threads_cpu_per_step_total"), ".2f"),
-            fmt_opt(r.get("step_over_sdk_alone_process_cpu_per_step"), ".2f"),
-            fmt_opt(r.get("http_over_sdk_alone_process_cpu_per_step"), ".2f"),
-            fmt_opt(r.get("http_over_sdk_alone_http_process_cpu_per_step"), ".2f"),
         )
         for r in report["ratios"]
+    ]
+
+
+SDK_HEADER = (
+    "step",
+    "async_tee",
+    "against the SDK alone",
+    "async_tee µs/step total",
+    "SDK alone µs/step total",
+    "ratio: totals",
+    "per-step p50",
+    "per-step p99",
+)
+PROTOCOLS = {"http": "HTTP (default)", "step": "gRPC", SDK_ALONE: "gRPC", SDK_ALONE_HTTP: "HTTP"}
+
+
+def sdk_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Process CPU per step against the SDK alone, per step length."""
+    return [
+        (
+            f"{r['step_s']:g} s",
+            PROTOCOLS[r["mode"]],
+            PROTOCOLS[r["against"]],
+            fmt_opt(r["process_cpu_per_step_us"], ".0f"),
+            fmt_opt(r["against_process_cpu_per_step_us"], ".0f"),
+            fmt_opt(r["total"], ".2f"),
+            fmt_opt(r["p50"], ".2f"),
+            fmt_opt(r["p99"], ".2f"),
+        )
+        for r in report["against_sdk"]
     ]
 
 
@@ -744,14 +775,18 @@ def section(report: dict[str, Any]) -> list[str]:
     lines = [
         "Simulated loop: per step the fixture's calls through `async_tee.Logger()` "
         "(`step_finished` on `timing/train`), then sleep to the step's deadline; OTLP "
-        "to an `OtlpSink` in another process. `step`: step-aligned export over gRPC "
-        "(worker collects, `async-tee-export` sends); `periodic`: `ASYNC_TEE_STEP_EXPORT=0`, "
-        "`OTEL_METRIC_EXPORT_INTERVAL` = step length (the exporting thread collects and "
-        f"sends). Cells (step s, measured steps): {cfg['cells']}, each after a "
+        "to an `OtlpSink` in another process. `http`: step-aligned export over OTLP/HTTP, "
+        "the default (the worker builds the step's request from the tables and queues it, "
+        "`async-tee-export` sends it); `step`: the same over gRPC; `periodic`: gRPC, "
+        "`ASYNC_TEE_STEP_EXPORT=0`, `OTEL_METRIC_EXPORT_INTERVAL` = step length (the "
+        "exporting thread builds and sends); `sdk-alone` / `sdk-alone-http`: no async_tee, "
+        "the OTel SDK records the same series inline (the seed's way) and its own "
+        "`PeriodicExportingMetricReader` and OTLP exporter (gRPC / HTTP) export once a "
+        f"step. Cells (step s, measured steps): {cfg['cells']}, each after a "
         f"{cfg['warmup_s']:g} s warm-up (periodic: until the timer's exports fall mid-step). "
         "Thread CPU time in µs: per export from "
-        "`time.thread_time_ns` around the reader's `_send` and `collect` on the thread that "
-        "runs them (the exporting thread's cost per export: the send, plus the collection in "
+        "`time.thread_time_ns` around the sender's `_send` and `_make` on the thread that "
+        "runs them (the exporting thread's cost per export: the send, plus the build in "
         "periodic mode); per step from the threads' CPU clocks (`pthread_getcpuclockid`) "
         "read at each step start; totals are sums over the measured steps divided by steps. "
         "`threads` = worker + exporting thread + gRPC's own threads (process minus the "
@@ -759,9 +794,15 @@ def section(report: dict[str, Any]) -> list[str]:
         "",
         *md_table(HEADER, table_rows(cells)),
         "",
-        "Step-aligned over periodic:",
+        "Step-aligned over periodic (gRPC):",
         "",
         *md_table(RATIO_HEADER, ratio_rows(report)),
+        "",
+        "Process CPU per step (the training thread's calls and every thread) against the "
+        "OTel SDK alone exporting the same series: the totals' ratio, and the ratios of the "
+        "per-step windows' p50 and p99 (nearest rank: with few windows, the p99 is the max):",
+        "",
+        *md_table(SDK_HEADER, sdk_rows(report)),
     ]
     warnings = [w for c in cells for w in c["warnings"]]
     lines += ["", *(f"WARNING: {w}" for w in warnings)] if warnings else []
@@ -816,19 +857,23 @@ def main(argv: list[str] | None = None) -> int:
         },
         "method": (
             "per export: time.thread_time_ns (CLOCK_THREAD_CPUTIME_ID) inside the thread "
-            "around the reader's _send and collect; per step: pthread_getcpuclockid clocks "
+            "around the sender's _send and _make; per step: pthread_getcpuclockid clocks "
             "of the worker and exporting threads read at each step start"
         ),
         "cells": cells,
     }
     report["ratios"] = ratios(cells)
+    report["against_sdk"] = against_sdk(cells)
     report["duration_s"] = time.perf_counter() - started
     console = [
         TITLE + " (thread CPU µs)",
         *text_table(HEADER, table_rows(cells)),
         "",
-        "Step-aligned / periodic",
+        "Step-aligned / periodic (gRPC)",
         *text_table(RATIO_HEADER, ratio_rows(report)),
+        "",
+        "Process CPU per step against the OTel SDK alone",
+        *text_table(SDK_HEADER, sdk_rows(report)),
     ]
     console += [f"WARNING: {w}" for c in cells for w in c["warnings"]]
     print("\n" + "\n".join(console))

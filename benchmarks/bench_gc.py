@@ -1,11 +1,13 @@
-"""Garbage collections an export's request costs, built from the tables and the SDK's way.
+"""Garbage collections an export's request costs: async_tee's tables against the OTel SDK's.
 
 Usage: ``python benchmarks/bench_gc.py [--exports N] [--series N] [--quick] [--out PATH]``
 
 One session on an SDK ``MeterProvider`` records ``--series`` teed gauges (1,000 by default)
-and a step of the fixture's calls per export; each export's OTLP request is then built twice,
-interleaved: by the ``TableEncoder`` from async_tee's tables (the kept request, updated in
-place) and the SDK's way (the reader's collection, then the SDK's ``encode_metrics``). Around
+and a step of the fixture's calls per export; each export's OTLP request (its bytes) is then
+built twice, interleaved: by async_tee's ``TableEncoder`` from its tables (the kept request,
+updated in place: what async_tee's exporting stage sends) and the OTel SDK's way, as the
+SDK's own OTLP exporters do on a provider's reader (the reader's collection, the SDK's
+``encode_metrics``, then ``SerializeToString``), of the same series. Around
 each build the collector's young-generation threshold is 100 (Python's default is 700, so a
 build that keeps a few objects per series until its end runs it many times) and a
 ``gc.callbacks`` hook counts the collections of every generation that start inside it. Per
@@ -53,7 +55,7 @@ def run(series: int, exports: int) -> dict[str, Any]:
 
     from async_tee._declare.groups import RL_METRIC_GROUP
     from async_tee._declare.series import SELF_METRIC_GROUP
-    from async_tee._export.table_encode import TableEncoder
+    from async_tee._export.encode import TableEncoder
 
     testing.reset()
     async_tee.register_teed_metrics(
@@ -69,10 +71,10 @@ def run(series: int, exports: int) -> dict[str, Any]:
     )
     calls = [(prefix, metrics) for prefix, metrics in fixture_calls() if prefix in ("train", "")]
 
-    def sdk_request() -> Any:
+    def sdk_request() -> bytes:
         data = reader.get_metrics_data()
         assert data is not None
-        return encode_metrics(data)
+        return encode_metrics(data).SerializeToString()
 
     builds: dict[str, Any] = {"tables": encoder.request, "sdk": sdk_request}
     collections: dict[str, list[int]] = {way: [] for way in WAYS}
@@ -162,7 +164,8 @@ def section(report: dict[str, Any]) -> list[str]:
     ratio_c, ratio_b = report["ratio_collections_p50"], report["ratio_build_p50"]
     return [
         f"{report['series']} teed series plus the fixture's step, {report['exports']} exports; "
-        f"each export's request built from the tables and the SDK's way, interleaved, with the "
+        "each export's request (its bytes) built from async_tee's tables and the OTel SDK's "
+        "way (its reader's collection, `encode_metrics`, serialized), interleaved, with the "
         f"young-generation threshold at {report['young_threshold']}. Collections: every "
         "generation's that started during the build. Tables / SDK at p50: collections "
         f"{'n/a' if ratio_c is None else f'{ratio_c:.2f}'}, build time "

@@ -1,4 +1,4 @@
-"""Caller latency per dict: the tee in 8 conditions, and what users pick instead, in one run.
+"""Caller latency per dict: the tee in 9 conditions, and what users pick instead, in one run.
 
 Usage: ``python benchmarks/bench_latency.py [--calls N] [--blocks N] [--quick] [--out PATH]``
 (``run_all.py`` runs it as part of the whole suite and keeps its two reports as the
@@ -13,19 +13,22 @@ sample is kept (``array('q')``, folded into an exact histogram per block), and p
 p99, p99.9 and max are reported, never means. The timed loops, blocks and interleaving
 live in ``_blocks.py``.
 
-The pipeline is the real one: ``start_telemetry`` builds the SDK provider, the worker
-drains on its own timer, and async_tee's exporting reader exports over OTLP/HTTP to an
-``OtlpSink`` in another process (``_receiver.py``), so the receiver's work never shares
-this process's GIL. Every call carries a new step, so step-aligned export is exercised at
-its bound: the worker collects a step and the exporting thread sends it at most once per
-``ASYNC_TEE_MIN_EXPORT_INTERVAL`` (1 s), the rest folded, beside the 1,000 ms period.
-Blocks of a pipeline condition last at least 2.2 export intervals, so every block overlaps
-an export, and against a stalled or black-holed receiver at least one export times out
-(1 s) inside the measured window.
+The pipeline is the real one: ``start_telemetry`` builds the session, the worker drains on
+its own timer, and async_tee's exporting thread sends OTLP/HTTP to an ``OtlpSink`` in
+another process (``_receiver.py``), so the receiver's work never shares this process's GIL.
+Every call carries a new step, so step-aligned export is exercised at its bound: the worker
+builds a step's request and queues it at most once per ``ASYNC_TEE_MIN_EXPORT_INTERVAL``
+(1 s), the rest folded, beside the 1,000 ms period. Blocks of a pipeline condition last at
+least 2.2 export intervals, so every block overlaps an export, and against a stalled or
+black-holed receiver at least one send times out (1 s) inside the measured window, its
+request kept in the export backlog and sent again with backoff.
 
 **The caller table.** Conditions: healthy receiver at trainer pace (one call per 2 ms,
 sleeping in between: the GIL is released as a trainer waiting on its GPU would) and back
-to back; a stalled receiver (back to back and at trainer pace); a black-hole endpoint; a
+to back; a stalled receiver (back to back and at trainer pace); a stalled receiver with the
+export backlog at its bound (``ASYNC_TEE_EXPORT_BACKLOG_BYTES``' default, 64 MiB: filled with
+the session's own requests before the block, ``Pipeline.flush_and_export(0)`` until the
+oldest start to go, so every request queued in the block drops one); a black-hole endpoint; a
 64-slot queue saturated back to back; a second Python thread spinning (GIL contention);
 calls from a coroutine inside ``asyncio.run`` (which awaits ``asyncio.sleep(0)`` after
 every 1,000 calls); and telemetry off (never started). Baselines, with the same dict and
@@ -36,7 +39,8 @@ instrument call per value), and a janus 2.0 queue with a drop-oldest wrapper dra
 asyncio consumer thread (which does no work per item: the queue mechanism alone). Back to
 back, the caller produces far faster than the worker records, so the queue overflows in
 every back-to-back pipeline row, not only the saturated one; the ``dropped`` column counts
-it. The pipeline's CPU per dict is the process CPU time of a trainer-pace block with
+it; the ``backlog`` column gives the export backlog at the blocks' ends (the largest: requests
+and MiB). The pipeline's CPU per dict is the process CPU time of a trainer-pace block with
 telemetry on, minus the same loop with telemetry off, per call; the worker thread's own
 CPU time (``pthread_getcpuclockid``) is reported beside it.
 
@@ -127,6 +131,7 @@ from _blocks import (
     run_rounds,
     runnable,
     summarise,
+    tee_target,
 )
 from _common import (
     EXPORT_INTERVAL_MS,
@@ -137,6 +142,7 @@ from _common import (
     md_table,
     package_versions,
     parse_bench_args,
+    pipeline,
     publish,
     quiet_logging,
     start_receiver,
@@ -153,8 +159,28 @@ SATURATED_QUEUE = 64
 
 
 stalled = pipeline_setup("stalled")
+BACKLOG_FILL_MAX = 100_000  # requests: the bound is reached long before (about 7,000)
 into_black_hole = pipeline_setup("black_hole")
 saturated = pipeline_setup("healthy", queue_size=SATURATED_QUEUE)
+
+
+@contextlib.contextmanager
+def stalled_full_backlog(env: Env) -> Iterator[Target]:
+    """A stalled receiver, the export backlog filled to its bound before the block.
+
+    Each ``flush_and_export(0)`` queues one export's request (built from the tables, as a
+    step's is) and returns at once; past the bound the oldest requests go, counted.
+    """
+    with pipeline(env.ports["stalled"]) as running:
+        handle = running.handle
+        async_tee.tee_rl_metrics_to_otel(env.d, "train", 0)
+        for made in range(BACKLOG_FILL_MAX):
+            handle.flush_and_export(0.0)
+            if made % 100 == 0 and async_tee.stats()["delivery"]["dropped"]["overflow"]:
+                break
+        else:
+            raise RuntimeError(f"{BACKLOG_FILL_MAX} requests did not reach the backlog's bound")
+        yield tee_target(running)
 
 
 @contextlib.contextmanager
@@ -410,6 +436,7 @@ CALLER_ROWS: tuple[Condition, ...] = (
     HEALTHY_B2B,
     Condition("stalled", "3 stalled receiver", stalled),
     Condition("stalled_paced", "3' stalled receiver, trainer pace", stalled, paced=True),
+    Condition("stalled_full", "3'' stalled, backlog at its bound", stalled_full_backlog),
     Condition("black_hole", "4 black hole", into_black_hole),
     Condition("saturated", "5 saturated (queue 64)", saturated),
     Condition("gil", "6 GIL contention", gil_contention),
@@ -552,7 +579,7 @@ def check_targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------ output
 
-CALLER_HEADER = (*LATENCY_HEADER, "dropped")
+CALLER_HEADER = (*LATENCY_HEADER, "dropped", "backlog")
 BASELINES_HEADER = (*LATENCY_HEADER, "drain s/block", "note")
 
 
@@ -561,9 +588,19 @@ def _dropped(row: dict[str, Any]) -> str:
     return "" if dropped is None else str(dropped)
 
 
+def _backlog(row: dict[str, Any]) -> str:
+    backlog = row["pipeline"].get("backlog_max")
+    if backlog is None:
+        return ""
+    return f"{backlog['queued']} ({backlog['queued_bytes'] / 2**20:.1f} MiB)"
+
+
 def caller_rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    """One row per condition, with the dicts the full queue dropped."""
-    return latency_rows(results, _dropped)
+    """One row per condition, with the dicts the full queue dropped and the export backlog."""
+    return [
+        (*cells, _backlog(row))
+        for cells, row in zip(latency_rows(results, _dropped), results.values(), strict=True)
+    ]
 
 
 def _drain(row: dict[str, Any]) -> str:
@@ -602,7 +639,8 @@ def caller_section(caller: dict[str, Any]) -> list[str]:
         f"{caller['config']['blocks']} interleaved blocks per row. Times in µs, timer "
         f"included (empty pair p50 {timer_p50:.3f} µs). `p50 med` is the median of the "
         "per-block p50s; the ratios use it. Paced rows compare with the paced floor. "
-        "`dropped`: dicts the full queue dropped during the measured windows.",
+        "`dropped`: dicts the full queue dropped during the measured windows; `backlog`: "
+        "the export backlog at the blocks' ends (the largest), requests (MiB).",
         "",
         *md_table(CALLER_HEADER, caller_rows(caller["conditions"])),
         "",

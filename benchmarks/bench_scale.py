@@ -1,5 +1,4 @@
-"""Scale: what more teed series and more efficiency categories cost, built from the tables
-and the SDK's way, side by side.
+"""Scale: what more teed series and more efficiency categories cost the training thread.
 
 Usage: ``python benchmarks/bench_scale.py [--seconds S] [--rounds N] [--quick] [--out PATH]``
 (``run_all.py`` runs it as the ``scale`` part of ``results/latest.json``; run alone, it
@@ -14,13 +13,11 @@ dict with every category's seconds and the fixture's totals (``step_finished=Tru
 
 **Variants**, per cell, each a child process running ``bench_stolen``'s probe at 1 step/s
 (the training thread's gaps, the threads' CPU clocks, garbage collections; see
-``bench_stolen.py``): ``off`` (the same declarations and dicts, telemetry never started),
-``tables`` (the default: exports built from async_tee's tables) and ``sdk``
-(``ASYNC_TEE_ENCODER=sdk``: the SDK's collection and encoding), both exporting OTLP/HTTP to
-an ``OtlpSink`` in another process, step-aligned. In the on children the exporting
-reader's ``collect_step`` (on the worker: the tables' request, or the SDK's collection)
-and ``_send`` (on the exporting thread: the send, and for ``sdk`` the encoding) are timed
-on their own thread's CPU clock, per call.
+``bench_stolen.py``): ``off`` (the same declarations and dicts, telemetry never started)
+and ``on`` (exporting OTLP/HTTP to an ``OtlpSink`` in another process, step-aligned). In
+the on child the OTLP sender's ``collect_step`` (on the worker: the step's request built
+from the tables and queued) and ``_send`` (on the exporting thread: one request sent) are
+timed on their own thread's CPU clock, per call.
 
 **Reported**: per cell and variant, time lost to stolen gaps (%), on minus off, the
 longest gap and the longest attributable to telemetry (``bench_stolen``'s test), the
@@ -30,7 +27,7 @@ threads' CPU per step, and the collect and send CPU per call (p50, max).
 on minus off <= 1 % and the longest gap <= 2 ms; the longest attributable gap <= 1 ms in
 every cell (no hold of the GIL by async_tee longer than about 0.5 ms).
 
-Full: 1 round of 6 s runs over the 4 cells (12 children, about 2 minutes). ``--quick``:
+Full: 1 round of 6 s runs over the 4 cells (8 children, about 1.5 minutes). ``--quick``:
 the 30-series cell alone, 1 s runs: a smoke run.
 """
 
@@ -66,8 +63,8 @@ from async_tee.vocabulary import efficiency_categories
 
 CELLS = ((30, 10), (300, 10), (3_000, 10), (30, 500))  # (extra series, categories)
 QUICK_CELLS = ((30, 10),)
-VARIANTS = ("off", "tables", "sdk")
-ON_VARIANTS = ("tables", "sdk")
+VARIANTS = ("off", "on")
+ON_VARIANTS = ("on",)
 RATE = 1  # steps a second
 TOTALS = (  # the fixture's "" keys that are not a category's own seconds or share
     "efficiency/thread_seconds_total_s",
@@ -102,8 +99,8 @@ def declare(series: int, categories: int) -> bench_stolen.Calls:
 
 
 class CallTimes:
-    """Each call's CPU time (its own thread's clock) of a method of the exporting reader,
-    with when it started (``perf_counter_ns``)."""
+    """Each call's CPU time (its own thread's clock) of a method of the OTLP sender, with
+    when it started (``perf_counter_ns``)."""
 
     def __init__(self) -> None:
         self.ns: dict[str, list[tuple[int, int]]] = {"collect_step": [], "_send": []}
@@ -124,13 +121,13 @@ class CallTimes:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One cell and variant: declare, time the reader's calls, run ``bench_stolen``'s probe."""
-    from async_tee._export.reader import ExportingReader
+    """One cell and variant: declare, time the sender's calls, run ``bench_stolen``'s probe."""
+    from async_tee._export.sender import OtlpSender
 
     calls = declare(spec["series"], spec["categories"])
     times = CallTimes()
     for name in times.ns:
-        times.wrap(ExportingReader, name)
+        times.wrap(OtlpSender, name)
     ended: list[int] = []  # when the measured window ended: the session's shutdown began
     shutdown = async_tee.shutdown_telemetry
 
@@ -251,15 +248,15 @@ def _method(report: dict[str, Any]) -> str:
     return (
         f"{cfg['rounds']} round(s) of {cfg['seconds']:g} s runs at 1 step/s (after "
         f"{cfg['warmup_s']:g} s of warm-up), one child process per cell and variant: `off` "
-        "(same declarations and dicts, telemetry never started), `tables` (exports built from "
-        "async_tee's tables, the default) and `sdk` (`ASYNC_TEE_ENCODER=sdk`), OTLP/HTTP to an "
-        "`OtlpSink` in another process. Series: extra gauge rows on `train` beyond the "
-        "built-in ones; categories: attribute sets of `rl.efficiency.seconds`. Gaps as in "
-        "bench_stolen.py (stolen: > 0.2 ms of a pure-Python unit's iteration); on minus off "
-        "at the same cell. CPU per step from the threads' CPU clocks; `other threads`: any other "
-        "own. `collect`: the exporting reader's `collect_step` on the worker (the tables' "
-        "request, or the SDK's collection); `send`: `_send` on the exporting thread (with "
-        "the SDK's encoding for `sdk`), each call on its own thread's CPU clock."
+        "(same declarations and dicts, telemetry never started) and `on` (step-aligned "
+        "export over OTLP/HTTP to an `OtlpSink` in another process). Series: extra gauge "
+        "rows on `train` beyond the built-in ones; categories: attribute sets of "
+        "`rl.efficiency.seconds`. Gaps as in bench_stolen.py (stolen: > 0.2 ms of a "
+        "pure-Python unit's iteration); on minus off at the same cell. CPU per step from the "
+        "threads' CPU clocks; `other threads`: any other own. `collect`: the OTLP "
+        "sender's `collect_step` on the worker (the step's request built from the tables "
+        "and queued); `send`: `_send` on the exporting thread (one request sent), each call "
+        "on its own thread's CPU clock."
     )
 
 
@@ -340,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
                 for variant in rotated(VARIANTS, round_, rounds):
                     spec = {
                         "variant": "off" if variant == "off" else "healthy",
-                        "encoder": variant,
                         "series": series,
                         "categories": categories,
                         "port": port,
@@ -383,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-TITLE = "Scale: more series and categories, tables against the SDK"
+TITLE = "Scale: more series and categories"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,9 +37,8 @@ objects): ``off`` (``start_telemetry`` never called: the tee is a no-op), ``heal
 process, ``_receiver.py``, so decoding never takes this process's GIL;
 ``OTEL_METRIC_EXPORT_INTERVAL`` 1 s, ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` at its 1 s default,
 exporter timeout 1 s: ``_common.otlp_environ``) and ``stalled`` (the same, the receiver
-stalling every export, ``OtlpSink.stall()``: each export times out after 1 s) and ``sdk``
-(healthy, exports built the SDK's way, ``ASYNC_TEE_ENCODER=sdk``, beside the default built
-from async_tee's tables). A child
+stalling every export, ``OtlpSink.stall()``: each send times out after 1 s, and the requests
+wait in the export backlog, sent again with backoff). A child
 runs the probe for ``--warmup-s`` (the connection opens, the first exports go),
 then measures for ``--seconds``, then shuts down (bounded, 2 s). The receivers live in
 this process's children for the whole run. Each of ``--rounds`` rounds runs every rate
@@ -121,8 +120,8 @@ import async_tee
 
 RATES = (1, 10, 100)
 QUICK_RATES = (100,)
-VARIANTS = ("off", "healthy", "stalled", "sdk")
-ON_VARIANTS = ("healthy", "stalled", "sdk")
+VARIANTS = ("off", "healthy", "stalled")
+ON_VARIANTS = ("healthy", "stalled")
 UNIT_US = 35.0  # the probe's unit of work
 STOLEN_NS = 200_000  # a gap over 0.2 ms is stolen
 LONG_NS = 1_000_000
@@ -134,11 +133,14 @@ EXPORTER = "async-tee-export"
 # collections scan the same modules' objects with telemetry off as on.
 PRELOAD = (
     "asyncio",
-    "grpc",
+    "http.client",
     "opentelemetry.sdk.metrics",
     "opentelemetry.sdk.resources",
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
-    "async_tee._export.reader",
+    "opentelemetry.proto.collector.metrics.v1.metrics_service_pb2",
+    "async_tee._export.encode",
+    "async_tee._export.http_transport",
+    "async_tee._export.sender",
+    "async_tee._worker.consumer",
     "async_tee._worker.loop",
 )
 DEFAULT_MIN_EXPORT_INTERVAL_S = 1.0  # ASYNC_TEE_MIN_EXPORT_INTERVAL, left unset
@@ -252,19 +254,13 @@ class GcClock:
 
 
 @contextlib.contextmanager
-def variant_session(
-    variant: str, port: int | None, encoder: str | None = None
-) -> Iterator[Session | None]:
-    """Nothing for ``off``; the real pipeline exporting to ``port`` otherwise.
-
-    ``encoder``: ``ASYNC_TEE_ENCODER`` (None: ``sdk`` for the ``sdk`` variant, else tables).
-    """
+def variant_session(variant: str, port: int | None) -> Iterator[Session | None]:
+    """Nothing for ``off``; the real pipeline exporting to ``port`` otherwise."""
     if variant == "off":
         yield None
         return
     assert port is not None
-    encoder = encoder or ("sdk" if variant == "sdk" else "tables")
-    with pipeline(port, encoder=encoder) as running:
+    with pipeline(port) as running:
         yield running
 
 
@@ -313,7 +309,7 @@ def run_child(spec: dict[str, Any], calls: Calls | None = None) -> dict[str, Any
     calls = step_calls() if calls is None else calls
     unit_ns = spec["unit_ns"]
     samples = preallocated(max(spec["seconds"], spec["warmup_s"]), unit_ns)
-    with variant_session(spec["variant"], spec["port"], spec.get("encoder")) as running:
+    with variant_session(spec["variant"], spec["port"]) as running:
         _, step, _ = probe(spec["iterations"], spec["warmup_s"], spec["rate"], calls, samples, 1)
         counts = pipeline_counts() if running else {}
         clock = GcClock()
@@ -696,7 +692,7 @@ def _method(report: dict[str, Any]) -> str:
     unit = cfg["unit"]
     return (
         f"{cfg['rounds']} interleaved round{'s' if cfg['rounds'] != 1 else ''}; per round "
-        "and rate, off, healthy, stalled and sdk (rotated), each a child process measuring "
+        "and rate, off, healthy and stalled (rotated), each a child process measuring "
         f"{cfg['seconds']:g} s after "
         f"{cfg['warmup_s']:g} s of warm-up. The training thread repeats a unit of "
         f"pure-Python work ({unit['iterations']} iterations of `busy`, calibrated: p50 "
@@ -790,7 +786,6 @@ def main(argv: list[str] | None = None) -> int:
             "healthy": start_receiver(stack).port,
             "stalled": start_receiver(stack, stall=True).port,
         }
-        ports["sdk"] = ports["healthy"]
         cfg = make_config(args)  # calibrated once the receivers have started
         progress(f"unit: {cfg.unit.iterations} iterations, p50 {cfg.unit.ns / 1000:.1f} µs")
         runs = run_rounds(cfg, ports)

@@ -4,30 +4,30 @@ Usage: ``python benchmarks/run_all.py [--quick] [--out PATH]``
 (install the baselines first: ``pip install '.[bench-full]'``; any that is missing is
 skipped with the reason printed).
 
-Runs, each in its own process (so one's threads, allocator state and GIL history never
-touch the next): ``bench_latency.py`` (caller latency in 8 conditions against the floor,
-the inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor and statsd
+Runs, each in its own process (so one's threads, allocator state and GIL history never touch
+the next): ``bench_latency.py`` (caller latency in 9 conditions against the floor, the
+inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor and statsd
 against the tee: two tables from one run, the ``caller`` and ``baselines`` parts),
 ``bench_overhead.py`` (step time of a simulated training loop with and without the tee),
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
-against periodic export), ``bench_memory.py`` (RSS through 10^6 calls against a
-stalled receiver), ``bench_sizes.py`` (caller latency and queue memory of the tee's key
-filter, shipped at every size, against a whole copy, for dicts of 68, 2,000 and 100,000
-keys),
-``bench_ranks.py`` (series, points and bytes per export of a teeing and an idle rank, with
-and without gzip, and what 1,000 ranks send) and ``bench_stolen.py`` (the gaps the
-telemetry threads make in a pure-Python training thread through the GIL, off against
-on, at 1, 10 and 100 teed steps a second, built from the tables and the SDK's way),
-``bench_scale.py`` (the same gaps and the threads' CPU with 30 to 3,000 series and 10 or
-500 efficiency categories, both ways), ``bench_gc.py`` (the garbage collections an export's
-request costs at 1,000 series, both ways), ``bench_alerts.py`` (seconds from an event to its
-alert firing in a real Prometheus) and ``bench_handover.py`` (how long the threads'
-GIL hand-over sleep must be for a busy training thread to take the GIL). Their JSON
-goes to a temp dir, deleted afterwards; this script merges every part into ``--out``
-(``results/latest.json``: machine info, versions, every figure), writes ``latest.md``
-(every table, with ratios against the floor and the inline tee beside absolute times, and
-the issue's targets with whether each holds) and ``latency.png`` (``plot.py``). A full run
-into ``results/latest.json`` then regenerates the README's summary table (``summary.py``).
+against periodic export, and the process CPU per step against the OTel SDK alone),
+``bench_memory.py`` (RSS through 10^6 calls against a stalled receiver), ``bench_sizes.py``
+(caller latency and queue memory of the tee's key filter, shipped at every size, against a
+whole copy, for dicts of 68, 2,000 and 100,000 keys), ``bench_ranks.py`` (series, points and
+bytes per export of a teeing and an idle rank, with and without gzip, and what 1,000 ranks
+send) and ``bench_stolen.py`` (the gaps the telemetry threads make in a pure-Python training
+thread through the GIL, off against on, at 1, 10 and 100 teed steps a second, with a healthy
+and a stalled receiver), ``bench_scale.py`` (the same gaps and the threads' CPU with 30 to
+3,000 series and 10 or 500 efficiency categories), ``bench_gc.py`` (the garbage collections
+an export's request costs at 1,000 series, built from async_tee's tables and the OTel SDK's
+way), ``bench_alerts.py`` (seconds from an event to its alert firing in a real Prometheus)
+and ``bench_handover.py`` (how long the threads' GIL hand-over sleep must be for a busy
+training thread to take the GIL). Their JSON goes to a temp dir, deleted afterwards; this
+script merges every part into ``--out`` (``results/latest.json``: machine info, versions,
+every figure), writes ``latest.md`` (every table, with ratios against the floor and the
+inline tee beside absolute times, and the issue's targets with whether each holds) and
+``latency.png`` (``plot.py``). A full run into ``results/latest.json`` then regenerates the
+README's summary table (``summary.py``).
 
 Full: about 20 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
@@ -70,8 +70,8 @@ SECTIONS: dict[str, Section] = {
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
     "ranks": ("Per-rank export cost, and 1,000 ranks (bench_ranks.py)", bench_ranks.section),
     "stolen": ("Stolen time: the GIL (bench_stolen.py)", bench_stolen.section),
-    "scale": ("Scale: series and categories, tables and SDK (bench_scale.py)", bench_scale.section),
-    "gc": ("Garbage collections per export, tables and SDK (bench_gc.py)", bench_gc.section),
+    "scale": ("Scale: series and categories (bench_scale.py)", bench_scale.section),
+    "gc": ("Garbage collections per export, tables and the SDK (bench_gc.py)", bench_gc.section),
     "handover": ("GIL hand-over sleep (bench_handover.py)", bench_handover.section),
     "alerts": ("Alerts: from the event to firing (bench_alerts.py)", bench_alerts.section),
 }
@@ -163,20 +163,37 @@ def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def export_targets(export: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Whether every step got its own export, and the CPU per export (reported)."""
+    """Whether every step got its own export, the process CPU per step against the SDK
+    alone (issue 42: <= 0.5x, over the same protocol), the CPU per export (reported)."""
     cells = export.get("cells", [])
     rows = []
     for cell in cells:
-        if cell["mode"] != "step":
+        if cell["mode"] not in bench_export.STEP_MODES:
             continue
         steps = cell["after_shutdown"]["steps"]
         figures = (
-            f"{cell['step_s']:g} s steps: {steps['exported']}/{steps['completed']} exported, "
-            f"{steps['coalesced']} coalesced"
+            f"{cell['step_s']:g} s steps, {cell['mode']}: {steps['exported']}/"
+            f"{steps['completed']} exported, {steps['coalesced']} coalesced"
         )
         holds = not cell["warnings"]
         rows.append(
             ("every step exported on its own", figures if holds else "-", "-" if holds else figures)
+        )
+    same_protocol = {"http": bench_export.SDK_ALONE_HTTP, "step": bench_export.SDK_ALONE}
+    for against in export.get("against_sdk", []):
+        if same_protocol.get(against["mode"]) != against["against"]:
+            continue
+        figures = (
+            f"{against['step_s']:g} s steps, {against['mode']}: x{_opt(against['total'], '.2f')} "
+            f"(per-step p50 x{_opt(against['p50'], '.2f')}, p99 x{_opt(against['p99'], '.2f')})"
+        )
+        holds = against["total"] is not None and against["total"] <= 0.5
+        rows.append(
+            (
+                "process CPU per step <= 0.5x the OTel SDK alone's, same protocol",
+                figures if holds else "-",
+                "-" if holds else figures,
+            )
         )
     for ratio in export.get("ratios", []):
         by_mode = {c["mode"]: c for c in cells if c["step_s"] == ratio["step_s"]}
