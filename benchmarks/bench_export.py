@@ -1,6 +1,6 @@
 """Step-aligned export: the CPU each export costs, against periodic export of the same loop.
 
-Usage: ``python benchmarks/bench_export.py [--quick] [--out PATH]``
+Usage: ``python benchmarks/bench_export.py [--quick] [--modes step,http,...] [--out PATH]``
 
 A simulated training loop exports over OTLP to a real ``OtlpSink`` in another process
 (``_receiver.py``, so decoding never takes this process's GIL). Each step logs the fixture's
@@ -60,7 +60,8 @@ Measurement (thread CPU time, never wall time):
   against the steps; windows with another count are reported).
 
 Reported per cell: percentiles (nearest rank; p50/p99/p99.9/max, n small so the tail is
-the max) and totals (sum over the measured windows, divided by steps or exports);
+the max) and totals (sum over the measured windows, divided by steps or exports); the
+worker's wakes per window (``Worker.wakes``: its loop's iterations, timer or woken);
 ``stats()["exports_by_trigger"]`` and ``stats()["steps"]`` after the measured steps and
 after shutdown. In ``step`` mode every step must get its own export (``steps.exported ==
 steps.completed``, ``coalesced == 0``, one step export per measured window); otherwise a
@@ -267,6 +268,7 @@ class Sample:
     main: int
     worker: int | None
     exporter: int | None
+    wakes: int | None = None  # the worker's loop iterations so far (``Worker.wakes``)
 
 
 def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
@@ -300,13 +302,16 @@ def warmup_ns(mode: str, step_s: float) -> int:
     return round((periods - 0.5) * step_s * 1e9)
 
 
-def _sample(worker: threading.Thread | None, exporter: threading.Thread | None) -> Sample:
+def _sample(
+    worker: threading.Thread | None, exporter: threading.Thread | None, loop: Any = None
+) -> Sample:
     return Sample(
         perf_counter_ns(),
         time.process_time_ns(),
         time.thread_time_ns(),
         thread_cpu_ns(worker) if worker else None,
         thread_cpu_ns(exporter) if exporter else None,
+        None if loop is None else loop.wakes,
     )
 
 
@@ -390,11 +395,13 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
         "collect_threads": {},
         "exporter_thread_cpu_per_step_us": None,
         "worker_cpu_per_step_us": None,
+        "worker_wakes_per_step": None,
         "main_cpu_per_step_us": _pcts(main),
         "threads_cpu_per_step_us": _pcts(threads),
         "process_cpu_per_step_us": _pcts(process),
         "totals": {
             "worker_cpu_per_step_us": None,
+            "worker_wakes_per_step": None,
             "threads_cpu_per_step_us": sum(threads) / steps / 1000,
             "process_cpu_per_step_us": sum(process) / steps / 1000,
         },
@@ -434,10 +441,10 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
         samples = []
         for index in range(steps):
             _sleep_until(start + index * period)
-            samples.append(_sample(worker, exporter))
+            samples.append(_sample(worker, exporter, handle.worker))
             log_step(logger, calls, 2 + index)
         _sleep_until(start + steps * period)
-        samples.append(_sample(worker, exporter))
+        samples.append(_sample(worker, exporter, handle.worker))
         info["before_shutdown"] = _step_stats(async_tee.stats())
     finally:
         began = time.perf_counter()
@@ -476,6 +483,18 @@ def _pcts(values_ns: Iterable[int]) -> dict[str, Any] | None:
     return {"n": sum(hist.values()), **percentiles(hist)}
 
 
+def _counts(values: Iterable[int]) -> dict[str, Any] | None:
+    """Nearest-rank p50, p99 and max of plain counts (wakes per step), or None."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    n = len(ordered)
+    pick = {
+        name: ordered[max(1, math.ceil(q * n)) - 1] for name, q in (("p50", 0.5), ("p99", 0.99))
+    }
+    return {"n": n, **pick, "max": ordered[-1]}
+
+
 def _diffs(samples: list[Sample], attr: str) -> list[int] | None:
     values = [getattr(s, attr) for s in samples]
     if any(v is None for v in values):
@@ -502,6 +521,7 @@ def summarise(
     window_exports = [per_window.get(i, 0) for i in range(steps)]
 
     worker = _diffs(samples, "worker")
+    wakes = _diffs(samples, "wakes")
     exporter = _diffs(samples, "exporter")
     process = _diffs(samples, "process")
     main = _diffs(samples, "main")
@@ -544,6 +564,7 @@ def summarise(
         # whole threads, per step window
         "exporter_thread_cpu_per_step_us": _pcts(exporter or []),
         "worker_cpu_per_step_us": _pcts(worker or []),
+        "worker_wakes_per_step": _counts(wakes or []),
         "main_cpu_per_step_us": _pcts(main),
         "other_cpu_per_step_us": _pcts(other or []),
         "threads_cpu_per_step_us": _pcts(threads or []),
@@ -559,6 +580,7 @@ def summarise(
                 sum(s.thread_cpu_ns for s in on_exporter) / exports / 1000 if exports else None
             ),
             "worker_cpu_per_step_us": per(worker, steps),
+            "worker_wakes_per_step": None if wakes is None else sum(wakes) / steps,
             "threads_cpu_per_step_us": per(threads, steps),
             "process_cpu_per_step_us": per(process, steps),
         },
@@ -604,49 +626,50 @@ def _get(cell: dict[str, Any], key: str, stat: str) -> float | None:
     return None if value is None else value[stat]
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or not b else a / b
+
+
+def _over(
+    by_mode: dict[str, dict[str, Any]], top: str, bottom: str, key: str, stat: str | None = None
+) -> float | None:
+    """``top``'s figure over ``bottom``'s: a total, or the percentile ``stat``; None if either
+    mode was not run."""
+    if top not in by_mode or bottom not in by_mode:
+        return None
+    a, b = by_mode[top], by_mode[bottom]
+    if stat is not None:
+        return _ratio(_get(a, key, stat), _get(b, key, stat))
+    return _ratio(a["totals"][key], b["totals"][key])
+
+
 def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step over periodic, per step length."""
+    """Step over periodic, and the process CPU over the SDK alone, per step length (a ratio
+    of a mode not run, ``--modes``, is None)."""
     out = []
     for step_s in sorted({c["step_s"] for c in cells}):
-        by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
-        if not {"step", "periodic"} <= set(by_mode):
-            continue
-        s, p = by_mode["step"], by_mode["periodic"]
-        t = by_mode.get("sdk")
-
-        def ratio(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None or not b else a / b
-
+        m = {c["mode"]: c for c in cells if c["step_s"] == step_s}
         out.append(
             {
                 "step_s": step_s,
-                "exporter_cpu_per_export_p50": ratio(
-                    _get(s, "exporter_cpu_per_export_us", "p50"),
-                    _get(p, "exporter_cpu_per_export_us", "p50"),
+                "exporter_cpu_per_export_p50": _over(
+                    m, "step", "periodic", "exporter_cpu_per_export_us", "p50"
                 ),
-                "exporter_thread_cpu_per_export_total": ratio(
-                    s["totals"]["exporter_thread_cpu_per_export_us"],
-                    p["totals"]["exporter_thread_cpu_per_export_us"],
+                "exporter_thread_cpu_per_export_total": _over(
+                    m, "step", "periodic", "exporter_thread_cpu_per_export_us"
                 ),
-                "worker_cpu_per_step_total": ratio(
-                    s["totals"]["worker_cpu_per_step_us"], p["totals"]["worker_cpu_per_step_us"]
+                "worker_cpu_per_step_total": _over(m, "step", "periodic", "worker_cpu_per_step_us"),
+                "threads_cpu_per_step_total": _over(
+                    m, "step", "periodic", "threads_cpu_per_step_us"
                 ),
-                "threads_cpu_per_step_total": ratio(
-                    s["totals"]["threads_cpu_per_step_us"], p["totals"]["threads_cpu_per_step_us"]
-                ),
-                "sdk_over_step_threads_cpu_per_step_total": None
-                if t is None
-                else ratio(
-                    t["totals"]["threads_cpu_per_step_us"], s["totals"]["threads_cpu_per_step_us"]
+                "sdk_over_step_threads_cpu_per_step_total": _over(
+                    m, "sdk", "step", "threads_cpu_per_step_us"
                 ),
                 # The whole process's CPU per step (the training thread's tee or inline
                 # recording included) against the SDK alone exporting the same series.
                 **{
-                    f"{mode}_over_{alone.replace('-', '_')}_process_cpu_per_step": None
-                    if alone not in by_mode or mode not in by_mode
-                    else ratio(
-                        by_mode[mode]["totals"]["process_cpu_per_step_us"],
-                        by_mode[alone]["totals"]["process_cpu_per_step_us"],
+                    f"{mode}_over_{alone.replace('-', '_')}_process_cpu_per_step": _over(
+                        m, mode, alone, "process_cpu_per_step_us"
                     )
                     for mode in ("step", "http")
                     for alone in (SDK_ALONE, SDK_ALONE_HTTP)
@@ -674,6 +697,8 @@ HEADER = (
     "p99",
     "max",
     "worker µs/step total",
+    "worker wakes/step p50",
+    "max",
     "threads µs/step total",
     "process µs/step total",
 )
@@ -699,6 +724,8 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "p99")),
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "max")),
                 fmt_opt(c["totals"]["worker_cpu_per_step_us"]),
+                fmt_opt(_get(c, "worker_wakes_per_step", "p50"), "d"),
+                fmt_opt(_get(c, "worker_wakes_per_step", "max"), "d"),
                 fmt_opt(c["totals"]["threads_cpu_per_step_us"]),
                 fmt_opt(c["totals"]["process_cpu_per_step_us"]),
             )
@@ -781,7 +808,15 @@ def section(report: dict[str, Any]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser(__doc__)
+    parser.add_argument(
+        "--modes",
+        type=lambda text: tuple(text.split(",")),
+        default=MODES,
+        help=f"the modes to run, comma-separated (default: all, {','.join(MODES)})",
+    )
     args = parser.parse_args(argv)
+    if unknown := set(args.modes) - set(MODES):
+        parser.error(f"unknown modes: {sorted(unknown)}")
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="async-tee-bench-")) / "export.json"
     return args
@@ -796,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         receiver = start_receiver(stack)
         for step_s, steps in plan:
-            for mode in MODES:
+            for mode in args.modes:
                 warmup_s = warmup_ns(mode, step_s) / 1e9
                 progress(f"{step_s:g} s steps, {mode}: {steps} steps after {warmup_s:g} s warm-up")
                 port = receiver.http_port if mode in HTTP_MODES else receiver.grpc_port
@@ -809,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "quick": args.quick,
             "cells": [[step_s, steps] for step_s, steps in plan],
-            "modes": list(MODES),
+            "modes": list(args.modes),
             "warmup_s": WARMUP_S,
             "fixture_prefixes": [c.prefix for c in fixture_calls()[1]],
             "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
