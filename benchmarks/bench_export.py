@@ -32,14 +32,16 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   exporter. Only the whole process's and the training thread's CPU are measured; the ratio
   table gives the process CPU per step of ``step`` (gRPC) and ``http`` over them.
 
-Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 3 min). ``--quick``: 2 steps
-of 1 s per mode (about 12 s), a smoke run with no figure to rely on.
+Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 12 min). ``--quick``: 2 steps
+of 1 s per mode (about 40 s), a smoke run with no figure to rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
-the setup call and one step, then 2 s so that the first measured step is at least
+the setup call and one step, then 2 s so that the next step is at least
 ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` (1 s) after the warm-up step's export (periodic: up to
-half a period more, so that the timer's exports fall mid-step, see :func:`warmup_ns`).
-The measured windows are the steps after it, from one step's start to the next's.
+half a period more, so that the timer's exports fall mid-step, see :func:`warmup_ns`), and
+``WARMUP_STEPS`` (3) steps at the cell's step length: a trainer's steady cadence, which
+the worker's timer follows (docs/semantics.md §6), is what the measured steps see. The
+measured windows are the steps after them, from one step's start to the next's.
 
 Measurement (thread CPU time, never wall time):
 
@@ -121,6 +123,7 @@ SDK_ALONE_HTTP = "sdk-alone-http"  # the same over the SDK's OTLP/HTTP exporter
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
+WARMUP_STEPS = 3  # steps at the cell's step length before the measured ones
 SHUTDOWN_TIMEOUT_S = 10
 JOIN_S = 5.0
 FLUSH_MS = 5000
@@ -290,16 +293,26 @@ def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
 def warmup_ns(mode: str, step_s: float) -> int:
     """From the warm-up flush to the first measured step.
 
-    ``step``: ``WARMUP_S``. ``periodic``: the interval's exports follow the flush every
-    period, so the first measured step starts half a period before one of them, at least
-    ``WARMUP_S`` after the flush: each periodic export then falls mid-window, away from
-    the step's own calls and from the window edges, whatever the timer's drift (a few ms
-    a period).
+    ``step`` (and the SDK alone): ``WARMUP_S`` and ``WARMUP_STEPS`` steps. ``periodic``:
+    the interval's exports follow the flush every period, so the first measured step
+    starts half a period before one of them, at least that long after the flush: each
+    periodic export then falls mid-window, away from the step's own calls and from the
+    window edges, whatever the timer's drift (a few ms a period).
     """
-    if mode in STEP_MODES:
-        return round(WARMUP_S * 1e9)
-    periods = math.ceil(WARMUP_S / step_s + 0.5)
+    lead = WARMUP_S + WARMUP_STEPS * step_s
+    if mode in STEP_MODES or mode in (SDK_ALONE, SDK_ALONE_HTTP):
+        return round(lead * 1e9)
+    periods = math.ceil(lead / step_s + 0.5)
     return round((periods - 0.5) * step_s * 1e9)
+
+
+def _warm_steps(log: Callable[[int], None], start: int, period: int) -> int:
+    """Log ``WARMUP_STEPS`` steps (2, 3, ...) a period apart, the last one a period before
+    ``start``; the number of the first measured step."""
+    for ahead in range(WARMUP_STEPS, 0, -1):
+        _sleep_until(start - ahead * period)
+        log(2 + WARMUP_STEPS - ahead)
+    return 2 + WARMUP_STEPS
 
 
 def _sample(
@@ -368,15 +381,19 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
         reader.force_flush(FLUSH_MS)  # the gRPC channel connects before any window
         warm = perf_counter_ns()
         tee(setup, 0)
-        for call in calls:
-            tee(call, 1)
-        start = warm + round(WARMUP_S * 1e9)
+
+        def tee_step(step: int) -> None:
+            for call in calls:
+                tee(call, step)
+
+        tee_step(1)
+        start = warm + warmup_ns(mode, step_s)
+        first = _warm_steps(tee_step, start, period)
         samples = []
         for index in range(steps):
             _sleep_until(start + index * period)
             samples.append(_sample(None, None))
-            for call in calls:
-                tee(call, 2 + index)
+            tee_step(first + index)
         _sleep_until(start + steps * period)
         samples.append(_sample(None, None))
     finally:
@@ -437,12 +454,13 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
         log_step(logger, [setup], 0)
         log_step(logger, calls, 1)
         start = warm + warmup_ns(mode, step_s)
+        first = _warm_steps(lambda step: log_step(logger, calls, step), start, period)
         _sleep_until(start)
         samples = []
         for index in range(steps):
             _sleep_until(start + index * period)
             samples.append(_sample(worker, exporter, handle.worker))
-            log_step(logger, calls, 2 + index)
+            log_step(logger, calls, first + index)
         _sleep_until(start + steps * period)
         samples.append(_sample(worker, exporter, handle.worker))
         info["before_shutdown"] = _step_stats(async_tee.stats())
@@ -775,7 +793,8 @@ def section(report: dict[str, Any]) -> list[str]:
         "(worker collects, `async-tee-export` sends); `periodic`: `ASYNC_TEE_STEP_EXPORT=0`, "
         "`OTEL_METRIC_EXPORT_INTERVAL` = step length (the exporting thread collects and "
         f"sends). Cells (step s, measured steps): {cfg['cells']}, each after a "
-        f"{cfg['warmup_s']:g} s warm-up (periodic: until the timer's exports fall mid-step). "
+        f"{cfg['warmup_s']:g} s warm-up and {cfg.get('warmup_steps', 0)} steps at the cell's "
+        "step length (periodic: until the timer's exports fall mid-step). "
         "Thread CPU time in µs: per export from "
         "`time.thread_time_ns` around the reader's `_send` and `collect` on the thread that "
         "runs them (the exporting thread's cost per export: the send, plus the collection in "
@@ -846,6 +865,7 @@ def main(argv: list[str] | None = None) -> int:
             "cells": [[step_s, steps] for step_s, steps in plan],
             "modes": list(args.modes),
             "warmup_s": WARMUP_S,
+            "warmup_steps": WARMUP_STEPS,
             "fixture_prefixes": [c.prefix for c in fixture_calls()[1]],
             "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
         },

@@ -83,6 +83,10 @@ class SnapshotConsumer(Consumer):
             self._on_step()
         return wait
 
+    def expected_in(self) -> float | None:
+        """Seconds until the next step is expected, ended and settled (the step clock)."""
+        return self.steps.expected_in()
+
     def on_lag(self, lag_ms: float) -> None:
         """Record one drain's enqueue-to-record lag (``async_tee.lag``)."""
         self._lag_values[_series.LAG_KEY] = lag_ms
