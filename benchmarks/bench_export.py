@@ -33,7 +33,7 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   table gives the process CPU per step of ``step`` (gRPC) and ``http`` over them.
 
 Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 12 min). ``--quick``: 2 steps
-of 1 s per mode (about 40 s), a smoke run with no figure to rely on.
+of 1 s per mode (about 50 s), a smoke run with no figure to rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
 the setup call and one step, then 2 s so that the next step is at least

@@ -83,9 +83,9 @@ class SnapshotConsumer(Consumer):
             self._on_step()
         return wait
 
-    def expected_in(self) -> float | None:
-        """Seconds until the next step is expected, ended and settled (the step clock)."""
-        return self.steps.expected_in()
+    def cadence(self) -> tuple[float, float] | None:
+        """When the next step is expected, ended and settled, and the step length."""
+        return self.steps.cadence()
 
     def on_lag(self, lag_ms: float) -> None:
         """Record one drain's enqueue-to-record lag (``async_tee.lag``)."""

@@ -97,14 +97,13 @@ class Consumer:
         """
         return None
 
-    def expected_in(self) -> float | None:
-        """Called after ``after_drain``: when the next items the consumer acts on are due.
+    def cadence(self) -> tuple[float, float] | None:
+        """Called after ``after_drain``: when the consumer expects its next items, if it can.
 
         Returns:
-            The seconds until they are expected to be there, whole (the worker may sleep
-            until then, and backs off finely from then if they are late: negative once
-            that time has passed), or None with no cadence to go by (the worker's own
-            timer).
+            ``(due_in_s, period_s)``: the seconds until they should be there, whole (negative
+            once that has passed without them), and the period they come at; or None with no
+            cadence to go by (the worker's own timer, ``Worker.next_sleep``).
         """
         return None
 
@@ -144,7 +143,7 @@ class Worker:
         self._trickle_interval = min(max(drain_interval_s, trickle_interval_s), trickle_cap)
         self._sleep = drain_interval_s  # the last sleep: doubled while nothing comes
         self._late = drain_interval_s  # the next sleep while expected items are late
-        self._planned_ns = 0  # when the worker last planned to wake (lag counts from it)
+        self.planned_ns = 0  # when the worker plans its next timer wake (monotonic ns)
         self._wake_target = min(WAKE_TARGET, max(1, queue.capacity // 4))
         self.died = False  # the loop ended without being stopped
         self.counts = Counts(0, 0, 0, 0, 0)
@@ -197,15 +196,9 @@ class Worker:
         while True:
             self.wakes += 1
             slept, woke_at = time.monotonic() - woke_at, time.monotonic()
-            found = self.drain()
-            due, expected = self._call_after_drain()
-            self._report_loss()
-            self._release_waiters()
+            wait = self.turn(slept)
             if self._stopping:
                 return
-            sleep = self.next_sleep(found, slept, expected)
-            wait = sleep if due is None else max(0.0, min(sleep, due))
-            self._planned_ns = time.monotonic_ns() + int(wait * 1e9)
             future: asyncio.Future[None] = loop.create_future()
             self._wake_future = future
             timer = loop.call_later(wait, _resolve, future)
@@ -215,21 +208,41 @@ class Worker:
             self._wake_pending = False
             self.queue.wake_asked = False  # the next burst may ask again
 
-    def next_sleep(self, found: int, slept: float, expected: float | None = None) -> float:
+    def turn(self, slept: float) -> float:
+        """One wake's work, on the worker's thread; the seconds until the next timer wake.
+
+        Drain, let the consumer act (it may say when it needs the worker, and when it
+        expects more), report overflow, plan the next wake (``planned_ns``), then release
+        the flush waiters this drain satisfied. ``slept``: the seconds since the last turn.
+        """
+        found = self.drain()
+        due, cadence = self._call_after_drain()
+        self._report_loss()
+        sleep = self.next_sleep(found, slept, cadence)
+        wait = sleep if due is None else max(0.0, min(sleep, due))
+        self.planned_ns = time.monotonic_ns() + int(wait * 1e9)
+        self._release_waiters()
+        return wait
+
+    def next_sleep(
+        self, found: int, slept: float, cadence: tuple[float, float] | None = None
+    ) -> float:
         """How long to sleep before the next drain, given what this one found.
 
         Each timer wake costs CPU the training thread cannot use, whatever it finds
         (``WAKE_TARGET``), so the worker wakes when there is something worth a wake:
 
-        - The consumer expects its next items in ``expected`` s (the step clock: the next
-          step, ended and settled, at the steps' cadence): sleep until then, whatever comes
-          in between (no later than ``WAKE_TARGET`` more are due at the rate just seen).
-        - Those items are late (``expected`` <= 0): back off finely, from the drain
-          interval, doubling, so a late step is drained about as late as it came.
-        - No cadence (None): after a drain that found dicts, sleep until ``WAKE_TARGET``
-          more are due at the rate just seen, at most the trickle interval (the least time
-          between step exports, at most 1 s), so a step that may be exported gets a drain
-          of its own; after one that found none, double the last sleep.
+        - The consumer expects its next items in ``due_in_s`` (``cadence``; the step clock:
+          the next step, ended and settled): sleep until then, whatever comes in between
+          (unless this drain found a wake's worth: then no later than ``WAKE_TARGET`` more
+          are due at the rate just seen, dicts coming faster than bursts).
+        - They are late (``due_in_s`` <= 0): back off finely, from the drain interval,
+          doubling, up to their period: a late step is drained about as late as it came,
+          and after a stall at most a period late, so no drain holds more than two steps.
+        - No cadence: after a drain that found dicts, sleep until ``WAKE_TARGET`` more are
+          due at the rate just seen, at most the trickle interval (the least time between
+          step exports, at most 1 s), so a step that may be exported gets a drain of its
+          own; after one that found none, double the last sleep.
 
         Every sleep is between the drain interval and ``LONGEST_SLEEP_S``. Bursts still
         wake the worker at high water; flush and stop wake it.
@@ -238,25 +251,27 @@ class Worker:
         if found:
             rate = found / max(slept, 1e-3)
             batch = max(self._wake_target / rate, self._interval)
-        if expected is not None and expected > 0:
-            self._late = self._interval  # should they be late, back off finely from then
-            sleep = max(self._interval, min(expected, batch, self._longest))
-        elif expected is not None:  # late: back off finely (afresh when some came)
-            sleep = self._interval if found else self._late
-            self._late = min(sleep * 2, self._longest)
-        elif found:
-            sleep = min(batch, self._trickle_interval)
+        if cadence is None:
+            sleep = min(batch, self._trickle_interval) if found else self._sleep * 2
         else:
-            sleep = min(self._sleep * 2, self._longest)
-        self._sleep = sleep
+            due_in, period = cadence
+            if due_in > 0:
+                self._late = self._interval  # should they be late, back off finely from then
+                if found < self._wake_target:  # a burst, or a flush's drain: no rate to go by
+                    batch = math.inf
+                sleep = min(due_in, batch)
+            else:  # late: back off finely (afresh when some came), up to their period
+                sleep = self._interval if found else self._late
+                self._late = min(sleep * 2, max(period, self._interval))
+        self._sleep = sleep = max(self._interval, min(sleep, self._longest))
         return sleep
 
-    def _call_after_drain(self) -> tuple[float | None, float | None]:
+    def _call_after_drain(self) -> tuple[float | None, tuple[float, float] | None]:
         """The consumer's after-drain step: when it needs the worker, when it expects more."""
         try:
             with self.busy:
                 consumer = self.consumer
-                return consumer.after_drain(bool(self._waiters)), consumer.expected_in()
+                return consumer.after_drain(bool(self._waiters)), consumer.cadence()
         except BaseException:  # the hook must not stop the loop
             if sys.is_finalizing():
                 raise
@@ -311,7 +326,7 @@ class Worker:
         errors, shutdown = c.errors, c.shutdown
         process = self.consumer.process
         spend = budget().spend  # every slice of recording, the GIL goes back to training
-        planned = self._planned_ns
+        planned = self.planned_ns
         oldest_lag_ms: float | None = None
         for item, seq in batch:
             overflow += seq - expected  # the gap: items the full queue dropped, oldest first

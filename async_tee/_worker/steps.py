@@ -273,17 +273,21 @@ class StepClock:
                 due = wait if due is None else min(due, wait)
         return due
 
-    def expected_in(self) -> float | None:
-        """Seconds until the next step is expected to have ended and settled, or None.
+    def cadence(self) -> tuple[float, float] | None:
+        """When the next step is expected to have ended and settled, and the step length.
 
         Steps come at a cadence: the next is expected to end one step length after the
         last one did, the step length being the shorter of the last two (one long step, a
         validation or a stall, does not push the expectation out), and to have settled
         ``2 * settle_s`` after that (a settle time's margin for a step ending a little
-        late). Negative once that time has passed without the step. None with no cadence
-        to go by: fewer than three steps completed, or steps closer than half the least
-        interval between step exports (the worker's own timer drains those, fewer times
-        than once a step).
+        late).
+
+        Returns:
+            ``(due_in_s, length_s)``: the seconds until then (negative once that time has
+            passed without the step) and the step length; or None with no cadence to go by:
+            fewer than three steps completed, or steps closer than half the least interval
+            between step exports (the worker's own timer drains those, less than once a
+            step).
         """
         ends = self._ends
         if len(ends) < 3:
@@ -291,7 +295,7 @@ class StepClock:
         length = min(ends[1] - ends[0], ends[2] - ends[1])
         if length * 2 < self._policy.min_interval_ns:
             return None
-        return (ends[2] + length + 2 * self._settle_ns - self._now_ns()) / 1e9
+        return (ends[2] + length + 2 * self._settle_ns - self._now_ns()) / 1e9, length / 1e9
 
     def close(self) -> None:
         """The session ends: complete the open step; the final export carries it."""
