@@ -88,7 +88,7 @@ class SnapshotConsumer(Consumer):
         return self.steps.cadence()
 
     def on_lag(self, lag_ms: float) -> None:
-        """Record one drain's enqueue-to-record lag (``async_tee.lag``)."""
+        """Record one drain's lag (``async_tee.lag``)."""
         self._lag_values[_series.LAG_KEY] = lag_ms
         self.recorder.instruments.record(_series.SELF_METRIC_GROUP, self._lag_values)
 

@@ -34,7 +34,7 @@ interval, and at most a quarter of the queue: the high-water wake is the produce
 syscall in the training thread, and must stay for bursts)."""
 
 LAG_SAMPLES = 2048
-"""Recent enqueue-to-record lags kept for the percentiles in ``stats()``."""
+"""Recent lags (how late each dict was recorded) kept for the percentiles in ``stats()``."""
 
 
 LOSS_WARNING_INTERVAL_S = 60.0
@@ -108,7 +108,7 @@ class Consumer:
         return None
 
     def on_lag(self, lag_ms: float) -> None:
-        """Called once a drain with its oldest item's enqueue-to-record lag, in ms."""
+        """Called once a drain with its oldest item's lag (how late it was recorded), in ms."""
 
     def on_death(self) -> None:
         """Called if the worker's loop ever ends before ``stop``."""
