@@ -1,6 +1,6 @@
 """Step-aligned export: the CPU each export costs, against periodic export of the same loop.
 
-Usage: ``python benchmarks/bench_export.py [--quick] [--out PATH]``
+Usage: ``python benchmarks/bench_export.py [--quick] [--modes step,http,...] [--out PATH]``
 
 A simulated training loop exports over OTLP to a real ``OtlpSink`` in another process
 (``_receiver.py``, so decoding never takes this process's GIL). Each step logs the fixture's
@@ -31,14 +31,17 @@ Cells, each with a fresh session (``start_telemetry(environ=...)``, ended by
   process CPU per step of ``http`` (the default) and ``step`` (gRPC) over them, as totals
   over the measured steps and as the median and p99 over the per-step windows.
 
-Full: 20 steps of 1 s and 4 steps of 10 s per mode (about 5.5 min). ``--quick``: 2 steps
-of 1 s per mode (about 20 s), a smoke run with no figure to rely on.
+Full: 20 steps of 1 s and 4 steps of 10 s per mode, each after its warm-up steps (about
+10 min). ``--quick``: 2 steps of 1 s per mode (about 40 s), a smoke run with no figure to
+rely on.
 
 Every cell starts with a warm-up: a flush (``force_flush``: the gRPC channel connects),
-the setup call and one step, then 2 s so that the first measured step is at least
+the setup call and one step, then 2 s so that the next step is at least
 ``ASYNC_TEE_MIN_EXPORT_INTERVAL`` (1 s) after the warm-up step's export (periodic: up to
-half a period more, so that the timer's exports fall mid-step, see :func:`warmup_ns`).
-The measured windows are the steps after it, from one step's start to the next's.
+half a period more, so that the timer's exports fall mid-step, see :func:`warmup_ns`), and
+``WARMUP_STEPS`` (3) steps at the cell's step length: a trainer's steady cadence, which
+the worker's timer follows (docs/semantics.md §6), is what the measured steps see. The
+measured windows are the steps after them, from one step's start to the next's.
 
 Measurement (thread CPU time, never wall time):
 
@@ -60,7 +63,8 @@ Measurement (thread CPU time, never wall time):
   reported).
 
 Reported per cell: percentiles (nearest rank; p50/p99/p99.9/max, n small so the tail is
-the max) and totals (sum over the measured windows, divided by steps or exports);
+the max) and totals (sum over the measured windows, divided by steps or exports); the
+worker's wakes per window (``Worker.wakes``: its loop's iterations, timer or woken);
 ``stats()["exports_by_trigger"]``, ``stats()["steps"]`` and ``stats()["delivery"]`` after
 the measured steps and after shutdown. In the step-aligned modes every step must get its
 own export (``steps.exported == steps.completed``, ``coalesced == 0``, one step export per
@@ -121,6 +125,7 @@ SDK_ALONE_HTTP = "sdk-alone-http"  # the same over the SDK's OTLP/HTTP exporter
 FULL_CELLS = ((1.0, 20), (10.0, 4))  # (step length s, measured steps) per mode
 QUICK_CELLS = ((1.0, 2),)
 WARMUP_S = 2.0
+WARMUP_STEPS = 3  # steps at the cell's step length before the measured ones
 SHUTDOWN_TIMEOUT_S = 10
 JOIN_S = 5.0
 FLUSH_S = 5.0
@@ -257,6 +262,7 @@ class Sample:
     main: int
     worker: int | None
     exporter: int | None
+    wakes: int | None = None  # the worker's loop iterations so far (``Worker.wakes``)
 
 
 def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
@@ -277,25 +283,38 @@ def environ_for(mode: str, step_s: float, port: int) -> dict[str, str]:
 def warmup_ns(mode: str, step_s: float) -> int:
     """From the warm-up flush to the first measured step.
 
-    ``step``: ``WARMUP_S``. ``periodic``: the interval's exports follow the flush every
-    period, so the first measured step starts half a period before one of them, at least
-    ``WARMUP_S`` after the flush: each periodic export then falls mid-window, away from
-    the step's own calls and from the window edges, whatever the timer's drift (a few ms
-    a period).
+    ``step`` (and the SDK alone): ``WARMUP_S`` and ``WARMUP_STEPS`` steps. ``periodic``:
+    the interval's exports follow the flush every period, so the first measured step
+    starts half a period before one of them, at least that long after the flush: each
+    periodic export then falls mid-window, away from the step's own calls and from the
+    window edges, whatever the timer's drift (a few ms a period).
     """
-    if mode in STEP_MODES:
-        return round(WARMUP_S * 1e9)
-    periods = math.ceil(WARMUP_S / step_s + 0.5)
+    lead = WARMUP_S + WARMUP_STEPS * step_s
+    if mode in STEP_MODES or mode in (SDK_ALONE, SDK_ALONE_HTTP):
+        return round(lead * 1e9)
+    periods = math.ceil(lead / step_s + 0.5)
     return round((periods - 0.5) * step_s * 1e9)
 
 
-def _sample(worker: threading.Thread | None, exporter: threading.Thread | None) -> Sample:
+def _warm_steps(log: Callable[[int], None], start: int, period: int) -> int:
+    """Log ``WARMUP_STEPS`` steps (2, 3, ...) a period apart, the last one a period before
+    ``start``; the number of the first measured step."""
+    for ahead in range(WARMUP_STEPS, 0, -1):
+        _sleep_until(start - ahead * period)
+        log(2 + WARMUP_STEPS - ahead)
+    return 2 + WARMUP_STEPS
+
+
+def _sample(
+    worker: threading.Thread | None, exporter: threading.Thread | None, loop: Any = None
+) -> Sample:
     return Sample(
         perf_counter_ns(),
         time.process_time_ns(),
         time.thread_time_ns(),
         thread_cpu_ns(worker) if worker else None,
         thread_cpu_ns(exporter) if exporter else None,
+        None if loop is None else loop.wakes,
     )
 
 
@@ -356,15 +375,19 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
         reader.force_flush(round(FLUSH_S * 1000))  # the connection opens before any window
         warm = perf_counter_ns()
         tee(setup, 0)
-        for call in calls:
-            tee(call, 1)
-        start = warm + round(WARMUP_S * 1e9)
+
+        def tee_step(step: int) -> None:
+            for call in calls:
+                tee(call, step)
+
+        tee_step(1)
+        start = warm + warmup_ns(mode, step_s)
+        first = _warm_steps(tee_step, start, period)
         samples = []
         for index in range(steps):
             _sleep_until(start + index * period)
             samples.append(_sample(None, None))
-            for call in calls:
-                tee(call, 2 + index)
+            tee_step(first + index)
         _sleep_until(start + steps * period)
         samples.append(_sample(None, None))
     finally:
@@ -383,11 +406,13 @@ def run_sdk_alone_cell(step_s: float, steps: int, port: int, mode: str) -> dict[
         "make_threads": {},
         "exporter_thread_cpu_per_step_us": None,
         "worker_cpu_per_step_us": None,
+        "worker_wakes_per_step": None,
         "main_cpu_per_step_us": _pcts(main),
         "threads_cpu_per_step_us": _pcts(threads),
         "process_cpu_per_step_us": _pcts(process),
         "totals": {
             "worker_cpu_per_step_us": None,
+            "worker_wakes_per_step": None,
             "threads_cpu_per_step_us": sum(threads) / steps / 1000,
             "process_cpu_per_step_us": sum(process) / steps / 1000,
         },
@@ -418,14 +443,15 @@ def run_cell(mode: str, step_s: float, steps: int, port: int) -> dict[str, Any]:
         log_step(logger, [setup], 0)
         log_step(logger, calls, 1)
         start = warm + warmup_ns(mode, step_s)
+        first = _warm_steps(lambda step: log_step(logger, calls, step), start, period)
         _sleep_until(start)
         samples = []
         for index in range(steps):
             _sleep_until(start + index * period)
-            samples.append(_sample(worker, exporter))
-            log_step(logger, calls, 2 + index)
+            samples.append(_sample(worker, exporter, handle.worker))
+            log_step(logger, calls, first + index)
         _sleep_until(start + steps * period)
-        samples.append(_sample(worker, exporter))
+        samples.append(_sample(worker, exporter, handle.worker))
         info["before_shutdown"] = _step_stats(async_tee.stats())
     finally:
         began = time.perf_counter()
@@ -464,6 +490,18 @@ def _pcts(values_ns: Iterable[int]) -> dict[str, Any] | None:
     return {"n": sum(hist.values()), **percentiles(hist)}
 
 
+def _counts(values: Iterable[int]) -> dict[str, Any] | None:
+    """Nearest-rank p50, p99 and max of plain counts (wakes per step), or None."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    n = len(ordered)
+    pick = {
+        name: ordered[max(1, math.ceil(q * n)) - 1] for name, q in (("p50", 0.5), ("p99", 0.99))
+    }
+    return {"n": n, **pick, "max": ordered[-1]}
+
+
 def _diffs(samples: list[Sample], attr: str) -> list[int] | None:
     values = [getattr(s, attr) for s in samples]
     if any(v is None for v in values):
@@ -490,6 +528,7 @@ def summarise(
     window_exports = [per_window.get(i, 0) for i in range(steps)]
 
     worker = _diffs(samples, "worker")
+    wakes = _diffs(samples, "wakes")
     exporter = _diffs(samples, "exporter")
     process = _diffs(samples, "process")
     main = _diffs(samples, "main")
@@ -532,6 +571,7 @@ def summarise(
         # whole threads, per step window
         "exporter_thread_cpu_per_step_us": _pcts(exporter or []),
         "worker_cpu_per_step_us": _pcts(worker or []),
+        "worker_wakes_per_step": _counts(wakes or []),
         "main_cpu_per_step_us": _pcts(main),
         "other_cpu_per_step_us": _pcts(other or []),
         "threads_cpu_per_step_us": _pcts(threads or []),
@@ -547,6 +587,7 @@ def summarise(
                 sum(s.thread_cpu_ns for s in on_exporter) / exports / 1000 if exports else None
             ),
             "worker_cpu_per_step_us": per(worker, steps),
+            "worker_wakes_per_step": None if wakes is None else sum(wakes) / steps,
             "threads_cpu_per_step_us": per(threads, steps),
             "process_cpu_per_step_us": per(process, steps),
         },
@@ -596,30 +637,37 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not b else a / b
 
 
+def _over(
+    by_mode: dict[str, dict[str, Any]], top: str, bottom: str, key: str, stat: str | None = None
+) -> float | None:
+    """``top``'s figure over ``bottom``'s: a total, or the percentile ``stat``; None if either
+    mode was not run."""
+    if top not in by_mode or bottom not in by_mode:
+        return None
+    a, b = by_mode[top], by_mode[bottom]
+    if stat is not None:
+        return _ratio(_get(a, key, stat), _get(b, key, stat))
+    return _ratio(a["totals"][key], b["totals"][key])
+
+
 def ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step-aligned (gRPC) over periodic (gRPC), per step length."""
+    """Step-aligned (gRPC) over periodic (gRPC), per step length (a ratio of a mode not run,
+    ``--modes``, is None); the process CPU over the SDK alone: :func:`against_sdk`."""
     out = []
     for step_s in sorted({c["step_s"] for c in cells}):
-        by_mode = {c["mode"]: c for c in cells if c["step_s"] == step_s}
-        if not {"step", "periodic"} <= set(by_mode):
-            continue
-        s, p = by_mode["step"], by_mode["periodic"]
+        m = {c["mode"]: c for c in cells if c["step_s"] == step_s}
         out.append(
             {
                 "step_s": step_s,
-                "exporter_cpu_per_export_p50": _ratio(
-                    _get(s, "exporter_cpu_per_export_us", "p50"),
-                    _get(p, "exporter_cpu_per_export_us", "p50"),
+                "exporter_cpu_per_export_p50": _over(
+                    m, "step", "periodic", "exporter_cpu_per_export_us", "p50"
                 ),
-                "exporter_thread_cpu_per_export_total": _ratio(
-                    s["totals"]["exporter_thread_cpu_per_export_us"],
-                    p["totals"]["exporter_thread_cpu_per_export_us"],
+                "exporter_thread_cpu_per_export_total": _over(
+                    m, "step", "periodic", "exporter_thread_cpu_per_export_us"
                 ),
-                "worker_cpu_per_step_total": _ratio(
-                    s["totals"]["worker_cpu_per_step_us"], p["totals"]["worker_cpu_per_step_us"]
-                ),
-                "threads_cpu_per_step_total": _ratio(
-                    s["totals"]["threads_cpu_per_step_us"], p["totals"]["threads_cpu_per_step_us"]
+                "worker_cpu_per_step_total": _over(m, "step", "periodic", "worker_cpu_per_step_us"),
+                "threads_cpu_per_step_total": _over(
+                    m, "step", "periodic", "threads_cpu_per_step_us"
                 ),
             }
         )
@@ -683,6 +731,8 @@ HEADER = (
     "p99",
     "max",
     "worker µs/step total",
+    "worker wakes/step p50",
+    "max",
     "threads µs/step total",
     "process µs/step total",
 )
@@ -708,6 +758,8 @@ def table_rows(cells: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "p99")),
                 fmt_opt(_get(c, "worker_cpu_per_step_us", "max")),
                 fmt_opt(c["totals"]["worker_cpu_per_step_us"]),
+                fmt_opt(_get(c, "worker_wakes_per_step", "p50"), "d"),
+                fmt_opt(_get(c, "worker_wakes_per_step", "max"), "d"),
                 fmt_opt(c["totals"]["threads_cpu_per_step_us"]),
                 fmt_opt(c["totals"]["process_cpu_per_step_us"]),
             )
@@ -783,7 +835,8 @@ def section(report: dict[str, Any]) -> list[str]:
         "the OTel SDK records the same series inline (the seed's way) and its own "
         "`PeriodicExportingMetricReader` and OTLP exporter (gRPC / HTTP) export once a "
         f"step. Cells (step s, measured steps): {cfg['cells']}, each after a "
-        f"{cfg['warmup_s']:g} s warm-up (periodic: until the timer's exports fall mid-step). "
+        f"{cfg['warmup_s']:g} s warm-up and {cfg.get('warmup_steps', 0)} steps at the cell's "
+        "step length (periodic: until the timer's exports fall mid-step). "
         "Thread CPU time in µs: per export from "
         "`time.thread_time_ns` around the sender's `_send` and `_make` on the thread that "
         "runs them (the exporting thread's cost per export: the send, plus the build in "
@@ -822,7 +875,15 @@ def section(report: dict[str, Any]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = bench_parser(__doc__)
+    parser.add_argument(
+        "--modes",
+        type=lambda text: tuple(text.split(",")),
+        default=MODES,
+        help=f"the modes to run, comma-separated (default: all, {','.join(MODES)})",
+    )
     args = parser.parse_args(argv)
+    if unknown := set(args.modes) - set(MODES):
+        parser.error(f"unknown modes: {sorted(unknown)}")
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="async-tee-bench-")) / "export.json"
     return args
@@ -837,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         receiver = start_receiver(stack)
         for step_s, steps in plan:
-            for mode in MODES:
+            for mode in args.modes:
                 warmup_s = warmup_ns(mode, step_s) / 1e9
                 progress(f"{step_s:g} s steps, {mode}: {steps} steps after {warmup_s:g} s warm-up")
                 port = receiver.http_port if mode in HTTP_MODES else receiver.grpc_port
@@ -850,8 +911,9 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "quick": args.quick,
             "cells": [[step_s, steps] for step_s, steps in plan],
-            "modes": list(MODES),
+            "modes": list(args.modes),
             "warmup_s": WARMUP_S,
+            "warmup_steps": WARMUP_STEPS,
             "fixture_prefixes": [c.prefix for c in fixture_calls()[1]],
             "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
         },

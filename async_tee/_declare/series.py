@@ -24,9 +24,8 @@ SELF_METRIC_GROUP = "async_tee"
 
 LAG_KEY = "lag"
 LAG_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
-"""Enqueue-to-record lag boundaries in milliseconds: the worker's timer adapts, from
-``ASYNC_TEE_DRAIN_INTERVAL`` up to about a second (docs/semantics.md §6), so the buckets
-run from well under the one to well over the other."""
+"""Lag boundaries in milliseconds (how late the worker recorded a dict, docs/semantics.md §6):
+from well under one drain's work to the seconds a worker starved of the GIL falls behind."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +267,8 @@ SELF: tuple[Series, ...] = (
         "async_tee.lag",
         "histogram",
         "ms",
-        "Time from the tee call to the record in the SDK.",
+        "How late the worker recorded a dict: from the tee call, or from the wake the worker "
+        "had planned if later, to the record in the SDK.",
     ),
 )
 """async_tee's own series; all but the lag histogram are read from ``stats()`` per export."""

@@ -132,6 +132,8 @@ class OtlpSender:
         self._last_was_step = False
         self._stopping = False
         self._deadline = float("inf")  # the shutdown's, once stopping
+        self._final_made = False  # the shutdown's own export was asked for
+        self._final: Request | None = None
         self._episodes = EpisodeLog()
         self.thread = threading.Thread(target=self._run, name="async-tee-export", daemon=True)
         self.thread.start()
@@ -214,6 +216,8 @@ class OtlpSender:
             budget().start()  # the GIL was just taken back after the wait: a fresh slice
             if request is not None:
                 self._send(request)
+            elif trigger == "shutdown":
+                self._final = self._make_and_queue(trigger)
             elif trigger:
                 self._make_and_queue(trigger)
             else:
@@ -230,6 +234,15 @@ class OtlpSender:
             now = time.monotonic()
             if self._stopping and now >= self._deadline:
                 return None, ""
+            if (
+                self._stopping
+                and not self._final_made
+                and (not backlog.waiting or now < self._retry_at)
+            ):
+                # The final export, made once what was queued is sent (so its own counts
+                # include those sends), or at once while the receiver is failing.
+                self._final_made = True
+                return None, "shutdown"
             if backlog.waiting and now >= self._retry_at:
                 return backlog.take(), ""
             if self._stopping:
@@ -368,8 +381,9 @@ class OtlpSender:
                 watched.pop(request.seq, None)
 
     def shutdown(self, deadline: float) -> bool:
-        """Export once more, deliver what is queued in order, stop, all by ``deadline``.
+        """Deliver what is queued in order, export once more, stop, all by ``deadline``.
 
+        The final export is made once the backlog is sent (at once while the receiver fails).
         A send still in flight near the deadline is aborted; what is left then is dropped,
         counted (``dropped{reason=shutdown}``) and said.
 
@@ -379,7 +393,6 @@ class OtlpSender:
         if self._stopped:
             return False
         self._stopped = True
-        final = self._make_and_queue("shutdown")
         with self._cond:
             self._stopping = True
             self._deadline = deadline
@@ -405,7 +418,7 @@ class OtlpSender:
             )
         self.transport.close()
         dropped = sum(self.backlog.dropped.values())
-        return final is not None and not left and dropped == 0
+        return self._final is not None and not left and dropped == 0
 
     def after_fork_in_child(self) -> None:
         """The child's own transport, backlog and thread (the parent's did not survive ``fork``)."""

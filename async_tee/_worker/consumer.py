@@ -83,8 +83,12 @@ class SnapshotConsumer(Consumer):
             self._on_step()
         return wait
 
+    def cadence(self) -> tuple[float, float] | None:
+        """When the next step is expected, ended and settled, and the step length."""
+        return self.steps.cadence()
+
     def on_lag(self, lag_ms: float) -> None:
-        """Record one drain's enqueue-to-record lag (``async_tee.lag``)."""
+        """Record one drain's lag (``async_tee.lag``)."""
         self._lag_values[_series.LAG_KEY] = lag_ms
         self.recorder.instruments.record(_series.SELF_METRIC_GROUP, self._lag_values)
 

@@ -19,8 +19,12 @@ from async_tee._worker.gil import budget
 BATCH_SIZE = 256
 """Items popped per slice of a drain, so a flood cannot hold the loop indefinitely."""
 
-IDLE_DRAIN_INTERVAL_S = 1.0
-"""The longest the worker sleeps, while the queue stays empty or dicts only trickle in."""
+TRICKLE_INTERVAL_S = 1.0
+"""The longest the worker sleeps after a drain that found dicts, with no cadence to go by."""
+
+LONGEST_SLEEP_S = 30.0
+"""The longest the worker ever sleeps on its own timer: idle, or until the next step is due.
+A dict logged while it sleeps, off the steps' cadence, is recorded within this."""
 
 WAKE_TARGET = 64
 """Dicts a timer wake should find. A wake costs far more CPU than a dict, whatever it finds
@@ -30,7 +34,7 @@ interval, and at most a quarter of the queue: the high-water wake is the produce
 syscall in the training thread, and must stay for bursts)."""
 
 LAG_SAMPLES = 2048
-"""Recent enqueue-to-record lags kept for the percentiles in ``stats()``."""
+"""Recent lags (how late each dict was recorded) kept for the percentiles in ``stats()``."""
 
 
 LOSS_WARNING_INTERVAL_S = 60.0
@@ -93,8 +97,18 @@ class Consumer:
         """
         return None
 
+    def cadence(self) -> tuple[float, float] | None:
+        """Called after ``after_drain``: when the consumer expects its next items, if it can.
+
+        Returns:
+            ``(due_in_s, period_s)``: the seconds until they should be there, whole (negative
+            once that has passed without them), and the period they come at; or None with no
+            cadence to go by (the worker's own timer, ``Worker.next_sleep``).
+        """
+        return None
+
     def on_lag(self, lag_ms: float) -> None:
-        """Called once a drain with its oldest item's enqueue-to-record lag, in ms."""
+        """Called once a drain with its oldest item's lag (how late it was recorded), in ms."""
 
     def on_death(self) -> None:
         """Called if the worker's loop ever ends before ``stop``."""
@@ -108,7 +122,7 @@ class Worker:
         queue: DropOldestQueue[Any],
         consumer: Consumer,
         drain_interval_s: float,
-        trickle_interval_s: float = IDLE_DRAIN_INTERVAL_S,
+        trickle_interval_s: float = TRICKLE_INTERVAL_S,
     ) -> None:
         """Prepare a worker; ``start`` runs it.
 
@@ -117,15 +131,19 @@ class Worker:
             consumer: What is done with each item, on the worker thread (``lags_ms`` and
                 ``max_lag_ms`` keep every item's lag; the consumer hears each drain's).
             drain_interval_s: The shortest the worker sleeps between drains.
-            trickle_interval_s: The longest sleep while dicts keep arriving (see
-                ``next_sleep``): no longer than steps may be exported apart, so each
-                exportable step gets a drain of its own and its own export.
+            trickle_interval_s: The longest sleep while dicts keep arriving with no cadence
+                to go by (see ``next_sleep``): no longer than steps may be exported apart,
+                so each exportable step gets a drain of its own and its own export.
         """
         self.queue = queue
         self.consumer = consumer
         self._interval = drain_interval_s
-        self._idle_interval = max(drain_interval_s, IDLE_DRAIN_INTERVAL_S)
-        self._trickle_interval = min(max(drain_interval_s, trickle_interval_s), self._idle_interval)
+        self._longest = max(drain_interval_s, LONGEST_SLEEP_S)
+        trickle_cap = max(drain_interval_s, TRICKLE_INTERVAL_S)
+        self._trickle_interval = min(max(drain_interval_s, trickle_interval_s), trickle_cap)
+        self._sleep = drain_interval_s  # the last sleep: doubled while nothing comes
+        self._late = drain_interval_s  # the next sleep while expected items are late
+        self.planned_ns = 0  # when the worker plans its next timer wake (monotonic ns)
         self._wake_target = min(WAKE_TARGET, max(1, queue.capacity // 4))
         self.died = False  # the loop ended without being stopped
         self.counts = Counts(0, 0, 0, 0, 0)
@@ -173,20 +191,14 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._ready.set()
-        sleep = self._interval
         gil = budget()
         woke_at = time.monotonic()
         while True:
             self.wakes += 1
             slept, woke_at = time.monotonic() - woke_at, time.monotonic()
-            found = self.drain()
-            due = self._call_after_drain()
-            self._report_loss()
-            self._release_waiters()
+            wait = self.turn(slept)
             if self._stopping:
                 return
-            sleep = self.next_sleep(sleep, found, slept)
-            wait = sleep if due is None else max(0.0, min(sleep, due))
             future: asyncio.Future[None] = loop.create_future()
             self._wake_future = future
             timer = loop.call_later(wait, _resolve, future)
@@ -196,31 +208,75 @@ class Worker:
             self._wake_pending = False
             self.queue.wake_asked = False  # the next burst may ask again
 
-    def next_sleep(self, sleep: float, found: int, slept: float) -> float:
+    def turn(self, slept: float) -> float:
+        """One wake's work, on the worker's thread; the seconds until the next timer wake.
+
+        Drain, let the consumer act (it may say when it needs the worker, and when it
+        expects more), report overflow, plan the next wake (``planned_ns``), then release
+        the flush waiters this drain satisfied. ``slept``: the seconds since the last turn.
+        """
+        found = self.drain()
+        due, cadence = self._call_after_drain()
+        self._report_loss()
+        sleep = self.next_sleep(found, slept, cadence)
+        wait = sleep if due is None else max(0.0, min(sleep, due))
+        self.planned_ns = time.monotonic_ns() + int(wait * 1e9)
+        self._release_waiters()
+        return wait
+
+    def next_sleep(
+        self, found: int, slept: float, cadence: tuple[float, float] | None = None
+    ) -> float:
         """How long to sleep before the next drain, given what this one found.
 
         Each timer wake costs CPU the training thread cannot use, whatever it finds
-        (``WAKE_TARGET``). Empty: back off, doubling up to
-        the idle interval. Dicts arriving: sleep until about ``WAKE_TARGET`` more are due
-        at the rate just seen, between the drain interval and the trickle interval (the
-        least time between step exports, at most 1 s), so 1 step a second costs one wake
-        a step, not five, and a step that may be exported still gets a drain of its own.
-        Bursts still wake the worker at high water; flush and stop wake it.
-        """
-        if not found:
-            return min(sleep * 2, self._idle_interval)
-        rate = found / max(slept, 1e-3)
-        return min(max(self._wake_target / rate, self._interval), self._trickle_interval)
+        (``WAKE_TARGET``), so the worker wakes when there is something worth a wake:
 
-    def _call_after_drain(self) -> float | None:
+        - The consumer expects its next items in ``due_in_s`` (``cadence``; the step clock:
+          the next step, ended and settled): sleep until then, whatever comes in between
+          (unless this drain found a wake's worth: then no later than ``WAKE_TARGET`` more
+          are due at the rate just seen, dicts coming faster than bursts).
+        - They are late (``due_in_s`` <= 0): back off finely, from the drain interval,
+          doubling, up to their period: a late step is drained about as late as it came,
+          and after a stall at most a period late, so no drain holds more than two steps.
+        - No cadence: after a drain that found dicts, sleep until ``WAKE_TARGET`` more are
+          due at the rate just seen, at most the trickle interval (the least time between
+          step exports, at most 1 s), so a step that may be exported gets a drain of its
+          own; after one that found none, double the last sleep.
+
+        Every sleep is between the drain interval and ``LONGEST_SLEEP_S``. Bursts still
+        wake the worker at high water; flush and stop wake it.
+        """
+        batch = math.inf
+        if found:
+            rate = found / max(slept, 1e-3)
+            batch = max(self._wake_target / rate, self._interval)
+        if cadence is None:
+            sleep = min(batch, self._trickle_interval) if found else self._sleep * 2
+        else:
+            due_in, period = cadence
+            if due_in > 0:
+                self._late = self._interval  # should they be late, back off finely from then
+                if found < self._wake_target:  # a burst, or a flush's drain: no rate to go by
+                    batch = math.inf
+                sleep = min(due_in, batch)
+            else:  # late: back off finely (afresh when some came), up to their period
+                sleep = self._interval if found else self._late
+                self._late = min(sleep * 2, max(period, self._interval))
+        self._sleep = sleep = max(self._interval, min(sleep, self._longest))
+        return sleep
+
+    def _call_after_drain(self) -> tuple[float | None, tuple[float, float] | None]:
+        """The consumer's after-drain step: when it needs the worker, when it expects more."""
         try:
             with self.busy:
-                return self.consumer.after_drain(bool(self._waiters))
+                consumer = self.consumer
+                return consumer.after_drain(bool(self._waiters)), consumer.cadence()
         except BaseException:  # the hook must not stop the loop
             if sys.is_finalizing():
                 raise
             warn_once("worker:after_drain", "async_tee: the worker's after-drain step failed")
-            return None
+            return None, None
 
     def wake(self) -> None:
         """Ask the worker to drain now. Safe from any thread; never blocks; never raises."""
@@ -270,6 +326,7 @@ class Worker:
         errors, shutdown = c.errors, c.shutdown
         process = self.consumer.process
         spend = budget().spend  # every slice of recording, the GIL goes back to training
+        planned = self.planned_ns
         oldest_lag_ms: float | None = None
         for item, seq in batch:
             overflow += seq - expected  # the gap: items the full queue dropped, oldest first
@@ -285,7 +342,10 @@ class Worker:
                         raise  # the interpreter is going away: so must this thread
                     errors += 1
                     warn_once("worker:process", "async_tee: processing a logged dict failed")
-                lag_ms = (time.monotonic_ns() - item[-1]) / 1e6
+                # Late by: since it was logged, or since the wake the worker planned, if
+                # later (a dict logged while the worker slept by design is not late).
+                now, since = time.monotonic_ns(), max(item[-1], planned)
+                lag_ms = (now - since) / 1e6 if now > since else 0.0
                 self._note_lag(lag_ms)
                 if oldest_lag_ms is None:
                     oldest_lag_ms = lag_ms

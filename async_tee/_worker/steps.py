@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -130,6 +131,9 @@ class StepClock:
         self._step: float | None = None  # the newest step seen
         self._state = _COMPLETED
         self._last_ns = 0  # enqueue time of that step's newest dict
+        self._completed_ns = 0  # when the last completed step completed (trainer's time)
+        # When the last three completed steps ended (their newest dicts), for their cadence.
+        self._ends: deque[int] = deque(maxlen=3)
         self._waiting = False  # a completed step not collected yet, and still clean
         self.last: float | None = None
         self.completed = 0
@@ -210,7 +214,9 @@ class StepClock:
             return
         newer = self._step is None or step > self._step
         if newer:
-            if self._step is not None and self._state != _COMPLETED:
+            if self._state == _FINISHED:  # settled before this dict, if the worker was late
+                self._complete(min(self._last_ns + self._settle_ns, enqueued_ns))
+            elif self._step is not None and self._state != _COMPLETED:
                 self._complete(enqueued_ns)
             # This dict dirties the tables: a waiting step is collected now or never. Now
             # means when the dict was logged, the trainer's time: the worker may be late.
@@ -251,10 +257,41 @@ class StepClock:
                 next_collect_ns = self._policy.next_collect_ns(self._last_collect_ns)
                 due = (max(settled_at, next_collect_ns) - now) / 1e9
             # With no reader to drive, completing only records rl.step: the next drain does.
-        if self._waiting and not self._try_collect(now):
-            wait = (self._policy.next_collect_ns(self._last_collect_ns) - now) / 1e9
-            due = wait if due is None else min(due, wait)
+        if self._waiting:
+            # Collected as of when the interval allowed it, on the trainer's timeline, not
+            # when this drain came: dated at the drain, each export would start the next
+            # interval late, and a step one interval later would wait for a wake of its own.
+            allowed_ns = self._policy.next_collect_ns(self._last_collect_ns)
+            if allowed_ns <= now:
+                self._try_collect(max(allowed_ns, self._completed_ns))
+            else:
+                wait = (allowed_ns - now) / 1e9
+                due = wait if due is None else min(due, wait)
         return due
+
+    def cadence(self) -> tuple[float, float] | None:
+        """When the next step is expected to have ended and settled, and the step length.
+
+        Steps come at a cadence: the next is expected to end one step length after the
+        last one did, the step length being the shorter of the last two (one long step, a
+        validation or a stall, does not push the expectation out), and to have settled
+        ``2 * settle_s`` after that (a settle time's margin for a step ending a little
+        late).
+
+        Returns:
+            ``(due_in_s, length_s)``: the seconds until then (negative once that time has
+            passed without the step) and the step length; or None with no cadence to go by:
+            fewer than three steps completed, or steps closer than half the least interval
+            between step exports (the worker's own timer drains those, less than once a
+            step).
+        """
+        ends = self._ends
+        if len(ends) < 3:
+            return None
+        length = min(ends[1] - ends[0], ends[2] - ends[1])
+        if length * 2 < self._policy.min_interval_ns:
+            return None
+        return (ends[2] + length + 2 * self._settle_ns - self._now_ns()) / 1e9, length / 1e9
 
     def close(self) -> None:
         """The session ends: complete the open step; the final export carries it."""
@@ -271,8 +308,10 @@ class StepClock:
         step = self._step
         assert step is not None  # only a step that was seen completes
         self._state = _COMPLETED
+        self._completed_ns = at_ns
         self.completed += 1
         self.last = step
+        self._ends.append(self._last_ns)
         wall = self._wall_s() - (self._now_ns() - self._last_ns) / 1e9
         try:
             self._record(step, wall)

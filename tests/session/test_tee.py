@@ -436,7 +436,7 @@ async def test_aflush_times_out_false_when_the_worker_cannot_finish(provider):
 @pytest.mark.slow
 def test_an_idle_worker_backs_off_instead_of_waking_every_interval(provider):
     # Each timer wake costs CPU (and a GIL hand-off) even with nothing to do: idle, the
-    # worker doubles its sleep up to 1 s. At a fixed 10 ms it would wake ~100 times here.
+    # worker doubles its sleep (up to 30 s). At a fixed 10 ms it would wake ~100 times here.
     worker = running(async_tee.start_telemetry(provider, drain_interval_s=0.01)).worker
     assert worker is not None
     time.sleep(1.0)  # measuring idleness itself, not waiting for work to finish

@@ -78,7 +78,8 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "STEP_SETTLE_S": (STEP_SETTLE_S, "s"),
     "BACKSTOP_GRACE": (BACKSTOP_GRACE, None),
     "WAKE_TARGET": (_constant("WAKE_TARGET", "async_tee._worker.loop"), None),
-    "IDLE_DRAIN_INTERVAL_S": (_constant("IDLE_DRAIN_INTERVAL_S", "async_tee._worker.loop"), "s"),
+    "TRICKLE_INTERVAL_S": (_constant("TRICKLE_INTERVAL_S", "async_tee._worker.loop"), "s"),
+    "LONGEST_SLEEP_S": (_constant("LONGEST_SLEEP_S", "async_tee._worker.loop"), "s"),
     "BATCH_SIZE": (_constant("BATCH_SIZE", "async_tee._worker.loop"), None),
     "LAG_SAMPLES": (_constant("LAG_SAMPLES", "async_tee._worker.loop"), None),
     "LOSS_WARNING_INTERVAL_S": (
@@ -176,7 +177,10 @@ _PHRASES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "BATCH_SIZE": ((r"batches of (\d+)", None), (r"capacity \+ (\d+)", None)),
     "LAG_SAMPLES": ((r"last (\d+) (?:items|lags|dicts)", None),),
     "STEP_SETTLE_S": ((r"(?:arrived|arrives) for (\d+(?:\.\d+)?) s\b", "s"),),
-    "IDLE_DRAIN_INTERVAL_S": ((r"doubl\w* up to (\d+(?:\.\d+)?) s\b", "s"),),
+    "LONGEST_SLEEP_S": (
+        (r"doubl\w* up to (\d+(?:\.\d+)?) s\b", "s"),
+        (r"(?:within|at most) (\d+(?:\.\d+)?) s\b, sooner", "s"),
+    ),
     "SLICE_S": (
         (r"every ~?(\d+(?:\.\d+)?) ms of", "ms"),
         (r"slices of ~?(\d+(?:\.\d+)?) ms", "ms"),

@@ -97,6 +97,32 @@ CASES = [
         coalesced=0,
     ),
     Case(
+        "a late drain of finished steps dates each at its settle time: none is folded",
+        (
+            ("dict", 0, 1, True),
+            ("dict", 1000, 2, True),  # the worker drains all three at once, late
+            ("dict", 2000, 3, True),
+            ("tick", 2150),
+        ),
+        exported_at_ms=(1000, 2000, 2150),
+        completed=3,
+        coalesced=0,
+    ),
+    Case(
+        "a waiting step is collected as of when the interval allowed it, not the late tick",
+        (
+            ("dict", 0, 1, True),
+            ("tick", 100),  # step 1 exported, as of 100
+            ("dict", 900, 2, True),  # settles at 1000: may go at 1100
+            ("tick", 1300),  # collected now, as of 1100
+            ("dict", 2000, 3, True),  # settles at 2100: one interval after 1100
+            ("tick", 2200),  # (as of 1300, it would wait until 2300)
+        ),
+        exported_at_ms=(100, 1300, 2200),
+        completed=3,
+        coalesced=0,
+    ),
+    Case(
         "with no interval every step is its own export",
         (("dict", 0, 1, False), ("dict", 10, 2, False), ("dict", 20, 3, False)),
         exported_at_ms=(10, 20),
@@ -211,3 +237,42 @@ def test_with_no_reader_to_drive_settling_asks_for_no_wake():
     clock.before(1.0, time.monotonic_ns())
     clock.finished(1.0)
     assert clock.tick() is None
+
+
+def _ended(clock: FakeClock, steps: StepClock, end_ms: int, step: float) -> None:
+    """A step whose finishing dict was logged at ``end_ms``, ticked once it settled."""
+    clock.now = end_ms * MS
+    steps.before(step, clock.now)
+    steps.finished(step)
+    clock.now += 150 * MS
+    steps.tick()
+
+
+def test_the_next_step_is_expected_one_step_length_after_the_last_ended_and_settled():
+    clock = FakeClock(0)
+    steps = StepClock(lambda step, at: None, FakeReader(clock), monotonic_ns=clock)
+    _ended(clock, steps, 10_000, 1.0)
+    _ended(clock, steps, 20_000, 2.0)
+    assert steps.cadence() is None  # one step length seen: no cadence yet
+    _ended(clock, steps, 30_000, 3.0)
+    clock.now = 30_200 * MS
+    # Step 4 ends about 40 s and settles 0.1 s later; a settle time's margin after that.
+    assert steps.cadence() == pytest.approx((10.0 + 2 * STEP_SETTLE_S - 0.2, 10.0))
+    clock.now = 41_000 * MS
+    assert steps.cadence() == pytest.approx((-0.8, 10.0))  # it is late
+    _ended(clock, steps, 341_000, 4.0)  # after a 5-minute stall
+    clock.now = 341_200 * MS
+    # The shorter of the last two step lengths: the stall does not push the next step out.
+    assert steps.cadence() == pytest.approx((10.0 + 2 * STEP_SETTLE_S - 0.2, 10.0))
+
+
+def test_steps_closer_than_half_the_least_export_interval_have_no_cadence_to_wake_for():
+    clock = FakeClock(0)
+    policy = StepPolicy(min_interval_s=1.0)
+    steps = StepClock(lambda step, at: None, FakeReader(clock), policy, monotonic_ns=clock)
+    for k in range(1, 5):
+        _ended(clock, steps, k * 400, float(k))  # 2.5 steps a second: the timer drains them
+    assert steps.cadence() is None
+    for k in range(5, 8):
+        _ended(clock, steps, 1600 + (k - 4) * 600, float(k))  # 0.6 s: a drain each
+    assert steps.cadence() is not None
