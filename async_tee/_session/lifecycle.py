@@ -229,9 +229,11 @@ def stats() -> dict[str, Any]:
     Returns:
         ``enqueued``, ``recorded``, ``dropped`` (all reasons) and ``pending`` (integers,
         always with ``enqueued == recorded + dropped + pending``), ``capacity``,
-        ``dropped_by_reason``, ``lag_ms`` (p50/p99/max of the enqueue-to-record lag),
+        ``dropped_by_reason``, ``lag_ms`` (p50/p99/max of how late a dict was recorded:
+        from its tee call or the worker's planned wake, whichever is later),
         ``values_skipped``, ``non_finite_by_series``, ``errors``, ``exports``
-        (``success``/``failure`` over every export of a provider async_tee built),
+        (``success``/``failure`` over every OTLP send of a provider async_tee built),
+        ``delivery`` (the OTLP backlog: queued, delivered, retries, dropped by reason),
         ``exports_by_trigger`` (the same by ``step``, ``interval``, ``shutdown``,
         ``flush``), ``steps`` (``last`` completed, ``completed``, ``exported`` on their
         own, ``coalesced`` into a later export, ``unusable``: docs/semantics.md §9),
