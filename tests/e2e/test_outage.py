@@ -26,11 +26,19 @@ import pytest
 from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
 
 from async_tee import stack
-from servers import binary, get, local_addresses, server, wait_for_query
+from servers import (
+    get,
+    local_addresses,
+    otelcol_argv,
+    port_of,
+    prometheus_argv,
+    server,
+    wait_for_query,
+    write_stack,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
-RUN = "outage"
 STEP_S = 1.0
 
 
@@ -40,11 +48,9 @@ class Stack:
     def __init__(self, path: str, folder: Path) -> None:
         self.path = path
         self.folder = folder
-        self.at = local_addresses()
-        for name, text in stack.render_stack(path, self.at).items():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / name).write_text(text)
-        self.web = int(self.at.prometheus_listen.rsplit(":", 1)[1])
+        self.at = write_stack(path, folder, local_addresses())  # the Collector's log in folder
+        self.web = port_of(self.at.prometheus_listen)
+        self.run = f"outage-{folder.name}"  # its own run: no other test's samples in a query
         self.running = contextlib.ExitStack()
         self.pids: dict[str, int] = {}
         self.starts = 0
@@ -54,17 +60,9 @@ class Stack:
         self.starts += 1
         log = self.folder / f"{what}-{self.starts}.log"
         if what == "prometheus":
-            argv = [
-                binary("prometheus"),
-                f"--config.file={self.folder / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.folder / 'data'}",
-                f"--web.listen-address={self.at.prometheus_listen}",
-                *stack.prometheus_flags(self.path),
-            ]
-            port = self.web
+            argv, port = prometheus_argv(self.path, self.folder, self.at), self.web
         else:
-            argv = [binary("otelcol"), f"--config={self.folder / 'otelcol.yaml'}"]
-            port = int(self.at.collector_otlp_http.rsplit(":", 1)[1])
+            argv, port = otelcol_argv(self.folder), port_of(self.at.collector_otlp_http)
         self.pids[what] = self.running.enter_context(server(argv, port, log, what))
 
     def kill(self, what: str) -> None:
@@ -78,7 +76,7 @@ class Stack:
             RANK="0",
             LOCAL_RANK="0",
             WORLD_SIZE="1",
-            ASYNC_TEE_RUN_ID=RUN,
+            ASYNC_TEE_RUN_ID=self.run,
             # Steps a second apart: no step may fold into the next on a late worker's jitter.
             ASYNC_TEE_MIN_EXPORT_INTERVAL="0.5",
             ASYNC_TEE_SHUTDOWN_TIMEOUT="20",
@@ -109,9 +107,9 @@ def _start_rank(env: dict[str, str], log: Path) -> subprocess.Popen[str]:
         )
 
 
-def _samples(web: int, window_s: int = 900) -> list[tuple[float, float]]:
-    """Every raw ``rl_step`` sample of the run in Prometheus: (timestamp, step), oldest first."""
-    rows = get(web, "/api/v1/query", query=f'rl_step{{rl_run_id="{RUN}"}}[{window_s}s]')
+def _samples(web: int, run: str, window_s: int = 900) -> list[tuple[float, float]]:
+    """Every raw ``rl_step`` sample of ``run`` in Prometheus: (timestamp, step), oldest first."""
+    rows = get(web, "/api/v1/query", query=f'rl_step{{rl_run_id="{run}"}}[{window_s}s]')
     samples = [(float(t), float(v)) for row in rows["result"] for t, v in row["values"]]
     return sorted(samples)
 
@@ -152,17 +150,16 @@ def _run_outage(
     rank = _start_rank(running.rank_environment(**extra), tmp_path / "rank.log")
     procs = {0: rank}
     try:
-        wait_for_query(running.web, f'rl_step{{rl_run_id="{RUN}"}} >= 3', bool, 60)
+        wait_for_query(running.web, f'rl_step{{rl_run_id="{running.run}"}} >= 3', bool, 60)
         running.kill(what)
         time.sleep(down_s)  # the outage itself: the real servers are away this long
         running.start(what)
         time.sleep(3 * STEP_S)  # steps after the restart go through the same path
         (report,) = stop_stepping(procs).values()
         steps = int(report["steps"])
-        wait_for_query(
-            running.web, f'max_over_time(rl_step{{rl_run_id="{RUN}"}}[15m]) >= {steps}', bool, 60
-        )
-        samples = _samples(running.web)
+        newest = f'max_over_time(rl_step{{rl_run_id="{running.run}"}}[15m]) >= {steps}'
+        wait_for_query(running.web, newest, bool, 60)
+        samples = _samples(running.web, running.run)
         (delivered,) = end_ranks(procs).values()
     finally:
         for proc in procs.values():
@@ -199,7 +196,7 @@ def test_nothing_is_lost_across_an_outage_of_the_first_hop(path, what, down_s, t
     logged = [float(step) for step in range(steps + 1)]  # the set-up dict's step 0 too
     assert sorted(first) == logged  # every step
     times = [first[step] for step in logged]
-    assert times == sorted(times)  # in step order ...
+    assert times == sorted(times), samples  # in step order ...
     assert len(set(times)) == len(logged)  # ... each at its own time
     assert _total(prometheus, "prometheus_tsdb_out_of_order_samples_total") == 0
     assert _total(prometheus, "prometheus_http_requests_total", 'code="4') == 0
@@ -218,7 +215,8 @@ def test_past_the_backlogs_bound_exactly_the_counted_oldest_requests_are_missing
         )
         fired = wait_for_query(
             running.web,
-            f'ALERTS{{alertname="AsyncTeeExportsDropped", rl_run_id="{RUN}", reason="overflow"}}',
+            f'ALERTS{{alertname="AsyncTeeExportsDropped", rl_run_id="{running.run}", '
+            'reason="overflow"}',
             bool,
             90,
         )
