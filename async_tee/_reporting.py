@@ -54,13 +54,10 @@ def reset_warnings() -> None:
     _SATURATED = False
 
 
-SECRET_LOGGERS = (
-    "async_tee",
-    "opentelemetry.sdk.metrics._internal.export",
-)
+SECRET_LOGGERS = ("async_tee",)
 """The loggers whose records may carry the endpoint or a header: async_tee's own (its OTLP
-transports' errors are said there) and the SDK readers' (the console's). A filter on each
-redacts a session's secrets."""
+transports' errors are said there; no OTel SDK code sees them). A filter on each redacts a
+session's secrets."""
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:
