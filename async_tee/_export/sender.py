@@ -402,6 +402,9 @@ class OtlpSender:
         self.thread.join(max(0.0, deadline - margin - time.monotonic()))
         if self.thread.is_alive():
             self.transport.abort()  # a send blocked on a silent receiver ends with its socket
+            with self._cond:  # a thread waiting for a retry's time stops waiting: it is over
+                self._deadline = 0.0
+                self._cond.notify_all()
             self.thread.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             left = self.backlog.drop_all("shutdown")
