@@ -115,10 +115,9 @@ class Backlog:
 
     def again(self, request: Request) -> list[Request]:
         """The request in flight failed and is worth another: first again (if still bounded)."""
-        self.in_flight = None
         self.retries += 1
         request.attempts += 1
-        self.waiting.appendleft(request)
+        self.put_back(request)
         return self._keep_bound()
 
     def put_back(self, request: Request) -> None:
@@ -129,7 +128,7 @@ class Backlog:
     def delivered_one(self, request: Request, rejected_points: int = 0) -> None:
         """The request in flight was delivered (``rejected_points`` of it refused: partial)."""
         self.in_flight = None
-        self.bytes -= len(request.data)
+        self._release(request)
         self.delivered += 1
         self.delivered_points += request.points
         self.rejected_points += rejected_points
@@ -138,7 +137,7 @@ class Backlog:
     def refused(self, request: Request, reason: str) -> None:
         """The receiver refused the request in flight for good (``reason``, a bounded label)."""
         self.in_flight = None
-        self.bytes -= len(request.data)
+        self._release(request)
         self.refused_by_reason[reason] = self.refused_by_reason.get(reason, 0) + 1
         self._count_dropped(request, "refused")
 
@@ -150,7 +149,7 @@ class Backlog:
         self.waiting.clear()
         self.in_flight = None
         for request in left:
-            self.bytes -= len(request.data)
+            self._release(request)
             self._count_dropped(request, reason)
         return left
 
@@ -158,10 +157,14 @@ class Backlog:
         dropped = []
         while self.bytes > self.max_bytes and self.waiting:
             request = self.waiting.popleft()
-            self.bytes -= len(request.data)
+            self._release(request)
             self._count_dropped(request, "overflow")
             dropped.append(request)
         return dropped
+
+    def _release(self, request: Request) -> None:
+        """``request`` leaves the backlog: its bytes are no longer held."""
+        self.bytes -= len(request.data)
 
     def _count_dropped(self, request: Request, reason: str) -> None:
         self.dropped[reason] += 1
