@@ -129,9 +129,6 @@ class GrpcTransport:
         with contextlib.suppress(Exception):  # closing twice, or during the interpreter's exit
             self._channel.close()
 
-    def forget(self) -> None:
-        """A forked child: the parent's channel is left alone (never closed from here)."""
-
 
 def _answer(exc: grpc.RpcError) -> Answer:
     code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN

@@ -161,11 +161,6 @@ class HttpTransport:
         with self._lock:
             self._drop_connection()
 
-    def forget(self) -> None:
-        """A forked child: drop the parent's connection without touching its socket."""
-        self._connection = None
-        self._lock = threading.Lock()
-
 
 def _answer(response: http.client.HTTPResponse, body: bytes) -> Answer:
     status = response.status
