@@ -44,7 +44,11 @@ if os.environ.get("APP_HANDLER"):
 async_tee.start_telemetry()
 if RAY == "after":
     start_ray()  # its SIGTERM handler replaces async_tee's
-    atexit.register(lambda: print("exit hook: session open", _telemetry.active() is not None))
+    # flush=True: when Ray's own exit hook aborts in its C++ core on a loaded box, Python
+    # never flushes stdout at finalization, and an unflushed line would be lost with it.
+    atexit.register(
+        lambda: print("exit hook: session open", _telemetry.active() is not None, flush=True)
+    )
 installed = signal.getsignal(signal.SIGTERM)
 default = installed is signal.SIG_DFL
 print("handler", "default" if default else getattr(installed, "__qualname__", "?"), flush=True)
