@@ -76,3 +76,28 @@ def test_the_collector_path_limits_memory_and_keeps_nothing_to_send():
     assert config["service"]["pipelines"]["metrics"]["processors"] == ["memory_limiter"]
     assert "sending_queue" not in config["exporters"]["prometheus"]  # pulled: nothing waits
     assert "volumes" not in yaml.safe_load(files["compose.yaml"])
+
+
+def test_the_node_agent_answers_once_on_disk_and_forwards_in_order_without_giving_up():
+    """What the real agent does with these keys: tests/e2e/test_fleet.py."""
+    yaml = pytest.importorskip("yaml")
+    from async_tee.stack.agent import AgentSettings, agent_config
+
+    at = AgentSettings(data="/node/otelcol", store_otlp="http://store:19291/api/v1/otlp/v1/metrics")
+    config = yaml.safe_load(agent_config(at))
+    assert config["extensions"]["file_storage"]["directory"] == "/node/otelcol"
+    assert config["extensions"]["file_storage"]["fsync"] is True  # accepted = on disk
+    assert config["service"]["extensions"] == ["file_storage"]
+    assert config["service"]["pipelines"]["metrics"] == {
+        "receivers": ["otlp"],
+        "processors": ["memory_limiter"],  # no batch processor holds what it took in memory
+        "exporters": ["otlp_http"],
+    }
+    exporter = config["exporters"]["otlp_http"]
+    assert exporter["metrics_endpoint"] == at.store_otlp
+    queue = exporter["sending_queue"]
+    assert queue["storage"] == "file_storage"  # the queue is the one on disk
+    assert queue["num_consumers"] == 1  # one send at a time: a rank's samples in order
+    assert queue["queue_size"] == at.queue_requests  # bounded: past it, refused retryably
+    assert queue["batch"]["min_size"] == at.batch_points
+    assert exporter["retry_on_failure"]["max_elapsed_time"] == "0s"  # never given up
