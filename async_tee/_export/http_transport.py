@@ -90,6 +90,7 @@ class HttpTransport:
                 headers.update(self._proxy_headers)
         self._headers: Mapping[str, str] = headers
         self._connection: http.client.HTTPConnection | None = None
+        self._opening: socket.socket | None = None  # a socket still connecting
         self._lock = threading.Lock()  # one send at a time; abort takes the socket without it
         self.aborted = False
 
@@ -110,8 +111,41 @@ class HttpTransport:
                 connection.set_tunnel(self._host, self._port, headers=self._proxy_headers)
         else:
             connection = http.client.HTTPConnection(host or "", port, timeout=timeout_s)
+        # The connection's socket is made here, where abort() can see it before it connects:
+        # a connect to a receiver that never completes the handshake ends with abort().
+        connection._create_connection = self._open  # type: ignore[attr-defined]
         self._connection = connection
         return connection
+
+    def _open(
+        self,
+        address: tuple[str, int],
+        timeout: float | None = None,
+        source_address: tuple[str, int] | None = None,
+    ) -> socket.socket:
+        """``socket.create_connection``, with each socket visible to abort() as it connects."""
+        host, port = address
+        error: OSError = OSError(f"no address found for {host!r}")
+        for family, kind, proto, _, where in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            self._opening = sock
+            try:
+                if self.aborted:  # abort() ran before the socket was visible to it
+                    raise ConnectionAbortedError("the send was aborted")
+                sock.settimeout(timeout)
+                if source_address is not None:
+                    sock.bind(source_address)
+                sock.connect(where)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                if self.aborted:
+                    break
+                continue
+            finally:
+                self._opening = None
+            return sock
+        raise error
 
     def send(self, data: bytes, timeout_s: float) -> Answer:
         """Post ``data``; the answer as the OTLP specification classes it. Never raises."""
@@ -149,12 +183,15 @@ class HttpTransport:
                 connection.close()
 
     def abort(self) -> None:
-        """Shut the connection's socket down: a blocked send returns; later ones fail at once."""
+        """Shut the socket down, connecting or connected: a blocked send returns at once.
+
+        Later sends fail at once too.
+        """
         self.aborted = True
-        sock = getattr(self._connection, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):  # already closed
-                sock.shutdown(socket.SHUT_RDWR)
+        for sock in (self._opening, getattr(self._connection, "sock", None)):
+            if sock is not None:
+                with contextlib.suppress(OSError):  # already closed
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Close the connection (after the last send)."""

@@ -191,6 +191,39 @@ def test_abort_ends_a_send_blocked_on_a_stalled_receiver_and_every_later_one(sin
     assert sink.requests[protocol] == 1
 
 
+def test_abort_ends_a_send_still_connecting_to_a_receiver_that_never_takes_the_handshake():
+    """A listener whose backlog is full never completes a handshake: the send is in connect,
+    where a socket the transport had not kept would be out of abort()'s reach (the shutdown's
+    deadline then waited for the send's own timeout)."""
+    hole, port = black_hole()
+    fillers = []
+    with hole:
+        for _ in range(8):  # fill the backlog of 0: the next handshake is never completed
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        transport = _http(f"http://127.0.0.1:{port}/v1/metrics", otlp_timeout_s=30.0)
+        answers: list[Answer] = []
+        sender = threading.Thread(target=lambda: answers.append(transport.send(DATA, 30.0)))
+        started = time.monotonic()
+        sender.start()
+        try:
+            deadline = time.monotonic() + 10
+            while transport._opening is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the transport is inside connect()
+            assert transport._opening is not None, "the send never began connecting"
+            transport.abort()
+            sender.join(5.0)
+        finally:
+            for filler in fillers:
+                filler.close()
+            transport.close()
+    assert not sender.is_alive()
+    assert time.monotonic() - started < 5.0  # not the send's 30 s
+    assert [(a.delivered, a.retry, a.reason) for a in answers] == [(False, False, "aborted")]
+
+
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver keeping each request's headers (and, as a proxy, forwarding)."""
 
