@@ -99,7 +99,7 @@ def test_three_at_once_build_once_and_all_print_the_built_paths(fake_go, tmp_pat
     assert max(calls.values()) == 1, calls  # each build step ran once, not thrice
     assert outputs[0] == outputs[1] == outputs[2]
     paths = dict(line.split("=", 1) for line in outputs[0].splitlines())
-    assert {"otelcol", "prometheus", "promtool"} <= paths.keys()
+    assert {"otelcol", "prometheus", "promtool", "thanos"} <= paths.keys()
     for path in paths.values():
         assert Path(path).is_relative_to(cache), path
         assert os.access(path, os.X_OK), path
