@@ -4,7 +4,8 @@ Rank processes export OTLP/HTTP straight to the store's router, which forwards e
 of the 3 ingesting receivers (``servers.run_store``). Read back through Thanos Query as from a
 Prometheus: every catalog name, every dashboard query for one run and rank of 4 ranks of 2 runs,
 the alert rules firing through Thanos Rule for the rank that earned them, and one receiver
-killed mid-run with no step of any rank lost.
+killed mid-run with no step of any rank lost. And the store takes Prometheus remote write:
+the Collector of the ``remote-write`` path writes to it as to Prometheus 3, the same series.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from typing import Any
 import pytest
 from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
 
-from async_tee import alerts
+from async_tee import alerts, stack
 from async_tee._declare.prometheus_names import prometheus_sample_names
 from async_tee.catalog import series_catalog
 from servers import (
     STORE_RECEIVERS,
     STORE_REPLICATION,
+    RunningStack,
     RunningStore,
     firing_and_pending,
     get,
     query,
+    run_stack,
     run_store,
     wait_for_query,
 )
@@ -40,9 +43,9 @@ RUNS = {"run-a": 0.0, "run-b": 100.0}  # each run's reward offset: its values ar
 
 
 def start_rank(
-    store: RunningStore, run: str, rank: int, world: int, log: Path, *argv: str
+    to: RunningStore | RunningStack, run: str, rank: int, world: int, log: Path, *argv: str
 ) -> subprocess.Popen[str]:
-    """A rank process exporting to the store every second; its stderr goes to ``log``."""
+    """A rank process exporting every second, to the store or a stack; stderr to ``log``."""
     env = environ_without_launcher()
     env.update(
         RANK=str(rank),
@@ -52,7 +55,7 @@ def start_rank(
         ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
         OTEL_METRIC_EXPORT_INTERVAL="1000",
     )
-    env.update(store.rank_environment())
+    env.update(to.rank_environment())
     with log.open("w") as err:
         return subprocess.Popen(
             [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *argv],
@@ -274,3 +277,52 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
     assert max(own["0"]) > up_at
     for rank, report in reports.items():
         assert report["stats"]["exports"]["failure"] == 0, (rank, report["stats"]["exports"])
+
+
+@pytest.mark.timeout(150)
+def test_the_collectors_remote_write_fills_the_store_as_it_fills_prometheus(tmp_path):
+    """The ``remote-write`` path's Collector with a second remote-write exporter, to the store:
+    2 ranks of 6 steps; the store holds every step of both and the names Prometheus 3 holds."""
+    promoted = ", ".join(stack.PROMOTED)
+    procs: dict[int, subprocess.Popen[str]] = {}
+    (tmp_path / "store").mkdir()
+    with run_store(tmp_path / "store") as store:
+        to_store = {
+            "prometheus_remote_write/store": (
+                f"    endpoint: {store.remote_write_url}\n"
+                f"    resource_constant_labels:\n      included: [{promoted}]\n"
+            )
+        }
+        (tmp_path / "stack").mkdir()
+        with run_stack("remote-write", tmp_path / "stack", extra_exporters=to_store) as running:
+            try:
+                for rank in range(2):
+                    log = tmp_path / f"rank-{rank}.log"
+                    procs[rank] = start_rank(running, "written", rank, 2, log, "--steps", "6")
+                reports = {}
+                for rank, proc in procs.items():
+                    assert proc.stdout is not None
+                    reports[str(rank)] = json.loads(proc.stdout.readline())  # steps flushed
+            finally:
+                ends = end_ranks(procs)
+            every = {
+                r: set(map(float, range(report["steps"] + 1))) for r, report in reports.items()
+            }
+            coalesced = {r: report["stats"]["steps"]["coalesced"] for r, report in reports.items()}
+
+            def missing(rows: list[dict[str, Any]]) -> dict[str, int]:
+                held = _steps_held(rows)
+                return {r: len(steps - held.get(r, set())) for r, steps in every.items()}
+
+            expr = 'rl_step{rl_run_id="written"}[10m]'
+            in_store = wait_for_query(store.web, expr, lambda rows: missing(rows) == coalesced)
+            in_prometheus = wait_for_query(
+                running.web, expr, lambda rows: missing(rows) == coalesced
+            )
+            names = 'group by (__name__) ({__name__=~"(rl|async_tee)_.+", rl_run_id="written"})'
+            store_names = {row["metric"]["__name__"] for row in query(store.web, names)}
+            prometheus_names = {row["metric"]["__name__"] for row in query(running.web, names)}
+    assert all(ends.values()), ends
+    assert missing(in_store) == coalesced == missing(in_prometheus)
+    assert "rl_step" in store_names
+    assert store_names == prometheus_names
