@@ -4,6 +4,9 @@
 generated configs (``async_tee.stack``), with the binaries built here: Prometheus 3 always, the
 OpenTelemetry Collector on the two Collector paths. Only the addresses differ from the compose
 file's: 127.0.0.1 and free ports, a 1 s scrape and evaluation interval.
+
+``run_store(...)`` starts the store that scales out: Thanos receivers in a hashring behind a
+router, read through Thanos Query, the alert rules evaluated by Thanos Rule.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from async_tee import stack
-from async_tee.alerts import AlertThresholds
+from async_tee.alerts import AlertThresholds, render_rules
 
 REPO = Path(__file__).parents[1]
 BUILD = REPO / "servers" / "build"
@@ -58,7 +61,8 @@ def built() -> dict[str, str] | None:
 
 
 def binary(name: str) -> str:
-    """The path of ``otelcol``, ``prometheus`` or ``promtool`` (3.x), built by servers/build.
+    """The path of ``otelcol``, ``prometheus``, ``promtool`` (3.x) or ``thanos``, built by
+    servers/build.
 
     Skips the test when Go is absent (never in CI: there it fails).
     """
@@ -74,6 +78,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` free ports, all different (each held until all are found)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def free_ports(count: int) -> int:
@@ -118,7 +133,7 @@ def wait_for_query(web: int, expr: str, done: Any, timeout_s: float = 45) -> lis
 
 
 def firing_and_pending(web: int) -> list[dict[str, Any]]:
-    alerts: list[dict[str, Any]] = get(web, "/api/v1/alerts")["alerts"]
+    alerts: list[dict[str, Any]] = get(web, "/api/v1/alerts")["alerts"] or []  # Thanos: null
     return alerts
 
 
@@ -285,3 +300,196 @@ def own_counters(port: int) -> dict[str, float]:
             for key in keys:
                 found[key] = found.get(key, 0.0) + sample.value
     return found
+
+
+STORE_RECEIVERS, STORE_REPLICATION = 3, 2
+"""Ingesting receivers in the store's hashring, and how many of them hold each series."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningStore:
+    """A started store: where ranks write, where tests read, and its receivers.
+
+    ``web`` is Thanos Query's HTTP port: Prometheus's HTTP API (queries, rules, alerts), so the
+    helpers above read it as they read a Prometheus. ``receiver_down(i)`` is a block during
+    which ingesting receiver ``i`` is killed (SIGKILL, as a crash), restarted on its own data
+    when the block ends.
+    """
+
+    web: int
+    otlp_url: str  # Thanos Receive's OTLP/HTTP endpoint: the full URL, no /v1/metrics appended
+    remote_write_url: str
+    folder: Path
+    pids: dict[str, int]  # "router", "receive-0", ..., "query", "rule" (as started)
+    receiver_down: Callable[[int], contextlib.AbstractContextManager[None]]
+
+    def rank_environment(self) -> dict[str, str]:
+        """What a rank sets to export to the store: OTLP/HTTP to the router."""
+        return {
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": self.otlp_url,
+        }
+
+
+def _ready(port: int) -> bool:
+    """Whether a Thanos component's ``/-/ready`` says so."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:  # not listening yet, or 503 while it starts
+        return False
+
+
+def _start_thanos(argv: list[str], http: int, log: Path, what: str) -> subprocess.Popen[bytes]:
+    """Start a Thanos component (its output appended to ``log``); returns once it is ready."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen([binary("thanos"), *argv], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not _ready(http):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise RuntimeError(f"{what} never became ready:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)  # polling an external server's start
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_RECEIVE_LISTENS = (
+    "grpc-address",  # StoreAPI (Query reads it) and the replication a router sends
+    "http-address",  # /-/ready, its own /metrics
+    "remote-write.address",  # remote write and OTLP/HTTP
+    "receive.capnproto-address",  # the other replication protocol (unused, but it listens)
+)
+
+
+def _listening(ports: Iterator[int]) -> list[str]:
+    """A receiver's listening flags, on 127.0.0.1 and the next of ``ports``."""
+    return [f"--{flag}=127.0.0.1:{next(ports)}" for flag in _RECEIVE_LISTENS]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    """The value of ``--<flag>=...`` in ``argv``."""
+    return next(arg.split("=", 1)[1] for arg in argv if arg.startswith(f"--{flag}="))
+
+
+def _query_sees(web: int, grpc_addresses: set[str]) -> bool:
+    """Whether Thanos Query reaches every one of these StoreAPI endpoints, healthy."""
+    with contextlib.suppress(OSError):
+        stores = get(web, "/api/v1/stores")
+        healthy = {
+            store["name"]
+            for group in stores.values()
+            for store in group
+            if store.get("lastError") is None
+        }
+        return grpc_addresses <= healthy
+    return False
+
+
+@contextlib.contextmanager
+def run_store(folder: Path, thresholds: AlertThresholds | None = None) -> Iterator[RunningStore]:
+    """Start Thanos as a store that scales out; yields it once Query reaches every part.
+
+    A router (stateless: it takes OTLP/HTTP and remote write, translates OTLP, and forwards each
+    series to ``STORE_REPLICATION`` of the ``STORE_RECEIVERS`` ingesting receivers by the
+    hashring), the ingesting receivers (each a TSDB in ``folder``), Query over them
+    (deduplicating the replicas sample by sample), and Rule evaluating async_tee's alert rules
+    every second through Query. All on 127.0.0.1, free ports.
+    """
+    (folder / "rules.yml").write_text(render_rules(thresholds))
+    ports = iter(distinct_free_ports(len(_RECEIVE_LISTENS) * (STORE_RECEIVERS + 1) + 4))
+    receivers = []
+    for index in range(STORE_RECEIVERS):
+        listening = _listening(ports)
+        receivers.append(
+            [
+                "receive",
+                f"--tsdb.path={folder / f'receive-{index}'}",
+                *listening,
+                f"--receive.local-endpoint={_flag(listening, 'grpc-address')}",  # only ingests
+                f'--label=receive_replica="{index}"',
+            ]
+        )
+    endpoints = [_flag(receiver, "grpc-address") for receiver in receivers]
+    hashring = json.dumps([{"hashring": "default", "endpoints": endpoints}])
+    router = [
+        "receive",
+        f"--tsdb.path={folder / 'router'}",
+        *_listening(ports),
+        f"--receive.hashrings={hashring}",  # no local endpoint: it only routes
+        f"--receive.replication-factor={STORE_REPLICATION}",
+        '--label=receive_replica="router"',
+        *(f"--receive.otlp-promote-resource-attributes={key}" for key in stack.PROMOTED),
+    ]
+    query_http, query_grpc, rule_http, rule_grpc = (next(ports) for _ in range(4))
+    stores = [*endpoints, f"127.0.0.1:{rule_grpc}"]  # Rule's StoreAPI and Rules API: alerts
+    query_argv = [
+        "query",
+        f"--http-address=127.0.0.1:{query_http}",
+        f"--grpc-address=127.0.0.1:{query_grpc}",
+        "--endpoint.sd-config=" + json.dumps({"endpoints": [{"address": a} for a in stores]}),
+        "--query.replica-label=receive_replica",
+        "--query.replica-label=rule_replica",
+        "--deduplication.func=chain",  # replicas hold the same samples: merge them 1:1
+    ]
+    rule_argv = [
+        "rule",
+        f"--data-dir={folder / 'rule'}",
+        f"--http-address=127.0.0.1:{rule_http}",
+        f"--grpc-address=127.0.0.1:{rule_grpc}",
+        f"--query=127.0.0.1:{query_http}",
+        f"--rule-file={folder / 'rules.yml'}",
+        "--eval-interval=1s",
+        '--label=rule_replica="0"',
+    ]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str, argv: list[str]) -> None:
+        http = port_of(_flag(argv, "http-address"))
+        procs[name] = _start_thanos(argv, http, folder / f"{name}.log", f"thanos {name}")
+
+    @contextlib.contextmanager
+    def receiver_down(index: int) -> Iterator[None]:
+        name = f"receive-{index}"
+        procs[name].kill()
+        procs[name].wait()
+        try:
+            yield
+        finally:
+            start(name, receivers[index])
+            deadline = time.monotonic() + 30
+            while not _query_sees(query_http, {endpoints[index]}):
+                assert time.monotonic() < deadline, f"Query never reached {name} again"
+                time.sleep(0.2)  # polling an external server
+
+    try:
+        for index, argv in enumerate(receivers):
+            start(f"receive-{index}", argv)
+        start("router", router)
+        start("query", query_argv)
+        start("rule", rule_argv)
+        deadline = time.monotonic() + 30
+        while not _query_sees(query_http, set(stores)):
+            assert time.monotonic() < deadline, get(query_http, "/api/v1/stores")
+            time.sleep(0.2)  # polling an external server
+        remote_write = _flag(router, "remote-write.address")
+        yield RunningStore(
+            web=query_http,
+            otlp_url=f"http://{remote_write}/api/v1/otlp",
+            remote_write_url=f"http://{remote_write}/api/v1/receive",
+            folder=folder,
+            pids={name: proc.pid for name, proc in procs.items()},
+            receiver_down=receiver_down,
+        )
+    finally:
+        for proc in reversed(procs.values()):
+            _stop(proc)

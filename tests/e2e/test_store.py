@@ -1,0 +1,328 @@
+"""The store that scales out, on the real servers: Thanos Receive, Query and Rule (servers/build).
+
+Rank processes export OTLP/HTTP straight to the store's router, which forwards each series to 2
+of the 3 ingesting receivers (``servers.run_store``). Read back through Thanos Query as from a
+Prometheus: every catalog name, every dashboard query for one run and rank of 4 ranks of 2 runs,
+the alert rules firing through Thanos Rule for the rank that earned them, and one receiver
+killed mid-run with no step of any rank lost. And the store takes Prometheus remote write:
+the Collector of the ``remote-write`` path writes to it as to Prometheus 3, the same series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
+
+from async_tee import alerts, stack
+from async_tee._declare.prometheus_names import prometheus_sample_names
+from async_tee.catalog import series_catalog
+from servers import (
+    STORE_RECEIVERS,
+    STORE_REPLICATION,
+    RunningStack,
+    RunningStore,
+    firing_and_pending,
+    get,
+    query,
+    run_stack,
+    run_store,
+    wait_for_query,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
+
+RUNS = {"run-a": 0.0, "run-b": 100.0}  # each run's reward offset: its values are its own
+
+
+def start_rank(
+    to: RunningStore | RunningStack, run: str, rank: int, world: int, log: Path, *argv: str
+) -> subprocess.Popen[str]:
+    """A rank process exporting every second, to the store or a stack; stderr to ``log``."""
+    env = environ_without_launcher()
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        ASYNC_TEE_RUN_ID=run,
+        ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",
+    )
+    env.update(to.rank_environment())
+    with log.open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *argv],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+
+
+def replicas(web: int, expr: str) -> list[dict[str, Any]]:
+    """The query's result per receiver: each replica's series, not deduplicated."""
+    rows: list[dict[str, Any]] = get(web, "/api/v1/query", query=expr, dedup="false")["result"]
+    return rows
+
+
+def _labels_of(rows: list[dict[str, Any]], label: str) -> set[str]:
+    return {row["metric"][label] for row in rows if label in row["metric"]}
+
+
+@pytest.mark.timeout(150)
+def test_a_run_reads_back_from_the_store_as_from_prometheus(tmp_path):
+    dashboard = pytest.importorskip("async_tee.dashboard")
+    pytest.importorskip("grafana_foundation_sdk")
+    procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
+    with run_store(tmp_path) as store:
+        web = store.web
+        try:
+            for run, offset in RUNS.items():
+                for rank in range(2):
+                    log = tmp_path / f"{run}-{rank}.log"
+                    procs[(run, rank)] = start_rank(
+                        store, run, rank, 2, log, "--reward-offset", str(offset)
+                    )
+            runs = 'target_info{rl_run_id=~"run-."}'
+            every = f"count(rl_reward_mean * on (job, instance) group_left () {runs})"
+            seen = wait_for_query(web, every, lambda r: r and float(r[0]["value"][1]) == 4)
+            assert seen, f"not all 4 ranks arrived ({seen})"
+            filled = wait_for_query(
+                web,
+                "count(rate(async_tee_lag_milliseconds_count[1m]) > 0)",
+                lambda r: r and float(r[0]["value"][1]) == 4,
+            )
+            assert filled, "rates over 1m never covered every rank"
+            watched = wait_for_query(  # the stall watchdog's thread: two samples a rank
+                web,
+                "count(count_over_time(rl_rollout_committed_total[1m]) > 1)",
+                lambda r: r and float(r[0]["value"][1]) == 4,
+            )
+            assert watched, "the watchdog's series never reached every rank"
+
+            # The names the store holds are the catalog's: its OTLP translation is Prometheus's.
+            held = query(web, 'group by (__name__) ({__name__=~"(rl|async_tee)_.+"})')
+            names = {row["metric"]["__name__"] for row in held}
+            catalog = {
+                name
+                for entry in series_catalog()
+                for name in prometheus_sample_names(entry.name, entry.kind, entry.unit)
+            }
+            assert names == catalog, (names - catalog, catalog - names)
+
+            # Every dashboard query, for run-b's rank 1: data, and only that run's and rank's.
+            chosen = {"run": "run-b", "rank": "1"}
+            empty, foreign = [], []
+            for expr in dashboard.panel_queries(dashboard.build_dashboard()):
+                concrete = dashboard.expand_variables(expr, chosen)
+                rows = [
+                    r for r in query(web, concrete) if r["value"][1] not in ("NaN", "+Inf", "-Inf")
+                ]
+                if not rows:
+                    empty.append(concrete)
+                if _labels_of(rows, "rl_run_id") - {"run-b"} or _labels_of(rows, "rl_rank") - {"1"}:
+                    foreign.append(concrete)
+            assert not empty, f"queries with no data: {empty}"
+            assert not foreign, f"queries with another run's or rank's series: {foreign}"
+            lens = 'rl_reward_mean{service_name="rank_process", nemo_run_id="run-b"}'
+            rows = query(web, lens)  # NeMo-Lens's selector: resource attributes on every series
+            assert {r["metric"].get("dl_rank") for r in rows} == {"0", "1"}, rows
+            assert sorted(float(r["value"][1]) for r in rows) == [100.25, 101.25]
+
+            # Each series is held by STORE_REPLICATION receivers, and every receiver holds some.
+            held_by: dict[str, set[str]] = {}
+            for row in replicas(web, '{__name__=~"rl_.+", rl_run_id=~"run-."}'):
+                labels = {k: v for k, v in row["metric"].items() if k != "receive_replica"}
+                key = json.dumps(labels, sort_keys=True)
+                held_by.setdefault(key, set()).add(row["metric"]["receive_replica"])
+            assert {len(r) for r in held_by.values()} == {STORE_REPLICATION}
+            assert set().union(*held_by.values()) == {str(i) for i in range(STORE_RECEIVERS)}
+            reports = stop_stepping(procs)
+        finally:
+            ends = end_ranks(procs)
+    for key, report in reports.items():
+        assert report["exporting"], key
+        assert report["stats"]["exports"]["failure"] == 0, (key, report["stats"]["exports"])
+    assert all(ends.values()), ends  # every rank delivered to the end
+
+
+@pytest.mark.timeout(150)
+def test_the_alerts_fire_through_thanos_rule_for_the_rank_that_earned_them(tmp_path):
+    """One run of 4 ranks, as on the four paths: 0 healthy; 1 stops stepping after 3 steps;
+    2 logs one NaN; 3 is killed once it has exported. Thanos Rule, reading through Query, fires
+    stuck and rollout-idle for rank 1, non-finite for rank 2, rank-gone for rank 3, and
+    nothing for rank 0; Query serves the alerts."""
+    thresholds = alerts.AlertThresholds(
+        stuck_after_s=5, rollout_idle_s=5, rank_silent_s=3, for_multiplier=2 / 300
+    )
+    argv = {
+        0: ["--nan-step", "0"],
+        1: ["--nan-step", "0", "--steps", "3"],
+        2: ["--nan-step", "2"],
+        3: ["--nan-step", "0"],
+    }
+    procs: dict[int, subprocess.Popen[str]] = {}
+    firing: set[tuple[str, str]] = set()
+    with run_store(tmp_path, thresholds) as store:
+        web = store.web
+        try:
+            for rank, extra in argv.items():
+                log = tmp_path / f"rank-{rank}.log"
+                procs[rank] = start_rank(store, "run-a", rank, 4, log, *extra)
+            assert procs[1].stdout is not None
+            assert json.loads(procs[1].stdout.readline())["steps"] == 3  # its steps are done
+            assert wait_for_query(web, 'target_info{rl_rank="3"}', bool), "rank 3 never exported"
+            procs[3].kill()
+            wanted = {
+                ("RLTrainerStuck", "1"),
+                ("RLRolloutIdle", "1"),
+                ("RLNonFiniteValues", "2"),
+                ("RLRankGone", "3"),
+            }
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not wanted <= firing:
+                with contextlib.suppress(OSError):
+                    for alert in firing_and_pending(web):
+                        key = (alert["labels"]["alertname"], alert["labels"].get("rl_rank", ""))
+                        if alert["state"] == "firing":
+                            firing.add(key)
+                        assert key[1] != "0", f"the healthy rank alerted: {alert}"
+                time.sleep(0.2)  # polling an external server, not waiting for our worker
+            for rank in (0, 2):
+                stdin = procs[rank].stdin
+                assert stdin is not None
+                stdin.write("stop\n")
+                stdin.flush()
+        finally:
+            ends = end_ranks(procs)
+    assert wanted <= firing, firing
+    assert {ends[rank] for rank in (0, 1, 2)} == {True}, ends
+
+
+def _steps_held(rows: list[dict[str, Any]]) -> dict[str, set[float]]:
+    """Each rank's ``rl_step`` values among a range query's rows."""
+    held: dict[str, set[float]] = {}
+    for row in rows:
+        held.setdefault(row["metric"]["rl_rank"], set()).update(float(v) for _, v in row["values"])
+    return held
+
+
+def _last_step(web: int, expr: str) -> float:
+    rows = query(web, f"max({expr})")
+    return float(rows[0]["value"][1]) if rows else -1.0
+
+
+@pytest.mark.timeout(180)
+def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
+    """2 ranks step every 0.3 s; one receiver holding rank 0's ``rl_step`` is killed (SIGKILL)
+    once steps arrive, stays down for 3 more steps at least, and is restarted on its own data.
+    Every step of every rank is in the store afterwards (read through Query, replicas merged);
+    the killed receiver's own copy misses the steps of its outage, and holds steps again after
+    its restart; the ranks never saw a failed export."""
+    procs: dict[int, subprocess.Popen[str]] = {}
+    step, rank_0 = 'rl_step{rl_run_id="crash"}', 'rl_step{rl_run_id="crash", rl_rank="0"}'
+    with run_store(tmp_path) as store:
+        web = store.web
+        try:
+            for rank in range(2):
+                procs[rank] = start_rank(store, "crash", rank, 2, tmp_path / f"rank-{rank}.log")
+            first = wait_for_query(web, rank_0, bool)
+            assert first, "rank 0's steps never arrived"
+            holders = _labels_of(replicas(web, rank_0), "receive_replica")
+            assert len(holders) == STORE_REPLICATION, holders
+            killed = min(holders)
+            own_copy = f'rl_step{{rl_run_id="crash", rl_rank="0", receive_replica="{killed}"}}'
+            with store.receiver_down(int(killed)):
+                down_at = _last_step(web, step)
+                deadline = time.monotonic() + 30
+                while _last_step(web, step) < down_at + 3:  # steps go on arriving meanwhile
+                    assert time.monotonic() < deadline, "no steps arrived with a receiver down"
+                    time.sleep(0.2)  # polling an external server
+                up_at = _last_step(web, step)
+            deadline = time.monotonic() + 30
+            while not any(float(r["value"][1]) > up_at for r in replicas(web, own_copy)):
+                assert time.monotonic() < deadline, "the restarted receiver took no step again"
+                time.sleep(0.2)  # polling an external server
+            reports = stop_stepping(procs)
+        finally:
+            ends = end_ranks(procs)
+        last = {str(r): report["steps"] for r, report in reports.items()}
+        coalesced = {str(r): report["stats"]["steps"]["coalesced"] for r, report in reports.items()}
+
+        def missing(rows: list[dict[str, Any]]) -> dict[str, int]:
+            held = _steps_held(rows)
+            return {
+                r: len(set(map(float, range(n + 1))) - held.get(r, set())) for r, n in last.items()
+            }
+
+        rows = wait_for_query(web, f"{step}[10m]", lambda rows: missing(rows) == coalesced)
+        own = _steps_held(replicas(web, f"{own_copy}[10m]"))
+    outage = {float(s) for s in range(int(down_at) + 1, int(up_at) + 1)}
+    print(
+        f"receiver {killed} down from step {down_at:.0f} to {up_at:.0f}; its copy of rank 0 "
+        f"misses {sorted(outage - own['0'])}; coalesced {coalesced}"
+    )
+    assert all(ends.values()), ends
+    # Every step is a sample, but a step the rank coalesced into the next one and counted so.
+    assert missing(rows) == coalesced, (missing(rows), coalesced)
+    assert outage - own["0"], f"receiver {killed} held every step of its outage: not down?"
+    assert max(own["0"]) > up_at
+    for rank, report in reports.items():
+        assert report["stats"]["exports"]["failure"] == 0, (rank, report["stats"]["exports"])
+
+
+@pytest.mark.timeout(150)
+def test_the_collectors_remote_write_fills_the_store_as_it_fills_prometheus(tmp_path):
+    """The ``remote-write`` path's Collector with a second remote-write exporter, to the store:
+    2 ranks of 6 steps; the store holds every step of both and the names Prometheus 3 holds."""
+    promoted = ", ".join(stack.PROMOTED)
+    procs: dict[int, subprocess.Popen[str]] = {}
+    (tmp_path / "store").mkdir()
+    with run_store(tmp_path / "store") as store:
+        to_store = {
+            "prometheus_remote_write/store": (
+                f"    endpoint: {store.remote_write_url}\n"
+                f"    resource_constant_labels:\n      included: [{promoted}]\n"
+            )
+        }
+        (tmp_path / "stack").mkdir()
+        with run_stack("remote-write", tmp_path / "stack", extra_exporters=to_store) as running:
+            try:
+                for rank in range(2):
+                    log = tmp_path / f"rank-{rank}.log"
+                    procs[rank] = start_rank(running, "written", rank, 2, log, "--steps", "6")
+                reports = {}
+                for rank, proc in procs.items():
+                    assert proc.stdout is not None
+                    reports[str(rank)] = json.loads(proc.stdout.readline())  # steps flushed
+            finally:
+                ends = end_ranks(procs)
+            every = {
+                r: set(map(float, range(report["steps"] + 1))) for r, report in reports.items()
+            }
+            coalesced = {r: report["stats"]["steps"]["coalesced"] for r, report in reports.items()}
+
+            def missing(rows: list[dict[str, Any]]) -> dict[str, int]:
+                held = _steps_held(rows)
+                return {r: len(steps - held.get(r, set())) for r, steps in every.items()}
+
+            expr = 'rl_step{rl_run_id="written"}[10m]'
+            in_store = wait_for_query(store.web, expr, lambda rows: missing(rows) == coalesced)
+            in_prometheus = wait_for_query(
+                running.web, expr, lambda rows: missing(rows) == coalesced
+            )
+            names = 'group by (__name__) ({__name__=~"(rl|async_tee)_.+", rl_run_id="written"})'
+            store_names = {row["metric"]["__name__"] for row in query(store.web, names)}
+            prometheus_names = {row["metric"]["__name__"] for row in query(running.web, names)}
+    assert all(ends.values()), ends
+    assert missing(in_store) == coalesced == missing(in_prometheus)
+    assert "rl_step" in store_names
+    assert store_names == prometheus_names
