@@ -30,6 +30,8 @@ import pytest
 
 from async_tee import stack
 from async_tee.alerts import AlertThresholds, render_rules
+from async_tee.stack import fleet
+from async_tee.stack.agent import AgentSettings, agent_config
 
 REPO = Path(__file__).parents[1]
 BUILD = REPO / "servers" / "build"
@@ -306,25 +308,57 @@ STORE_RECEIVERS, STORE_REPLICATION = 3, 2
 """Ingesting receivers in the store's hashring, and how many of them hold each series."""
 
 
+def _local_part(name: str, ports: Iterator[int], receives: bool = False) -> fleet.ThanosPart:
+    where = [f"127.0.0.1:{next(ports)}" for _ in range(4 if receives else 2)]
+    return fleet.ThanosPart(name, *where)
+
+
+def local_fleet(folder: Path) -> fleet.FleetAddresses:
+    """The fleet's store on 127.0.0.1 and free ports, its data in ``folder``, rules every 1 s."""
+    ports = iter(distinct_free_ports(4 * (STORE_RECEIVERS + 1) + 4))
+    return fleet.FleetAddresses(
+        router=_local_part("router", ports, receives=True),
+        receivers=tuple(
+            _local_part(f"receive-{i}", ports, receives=True) for i in range(STORE_RECEIVERS)
+        ),
+        replication_factor=STORE_REPLICATION,
+        query=_local_part("query", ports),
+        rule=_local_part("rule", ports),
+        listen_host="127.0.0.1",
+        data=str(folder),
+        rules_file=str(folder / "rules.yml"),
+        evaluation_interval_s=1.0,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RunningStore:
-    """A started store: where ranks write, where tests read, and its receivers.
+    """A started store: where agents write, where tests read, and its receivers.
 
     ``web`` is Thanos Query's HTTP port: Prometheus's HTTP API (queries, rules, alerts), so the
     helpers above read it as they read a Prometheus. ``receiver_down(i)`` is a block during
     which ingesting receiver ``i`` is killed (SIGKILL, as a crash), restarted on its own data
-    when the block ends.
+    when the block ends; ``router_down()`` the same for the router (the whole store away for
+    the agents).
     """
 
     web: int
-    otlp_url: str  # Thanos Receive's OTLP/HTTP endpoint: the full URL, no /v1/metrics appended
-    remote_write_url: str
+    addresses: fleet.FleetAddresses
     folder: Path
     pids: dict[str, int]  # "router", "receive-0", ..., "query", "rule" (as started)
     receiver_down: Callable[[int], contextlib.AbstractContextManager[None]]
+    router_down: Callable[[], contextlib.AbstractContextManager[None]]
+
+    @property
+    def otlp_url(self) -> str:
+        return self.addresses.otlp_url
+
+    @property
+    def remote_write_url(self) -> str:
+        return self.addresses.remote_write_url
 
     def rank_environment(self) -> dict[str, str]:
-        """What a rank sets to export to the store: OTLP/HTTP to the router."""
+        """What a rank sets to export to the store itself (no agent): OTLP/HTTP to the router."""
         return {
             "OTEL_METRICS_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -363,24 +397,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-_RECEIVE_LISTENS = (
-    "grpc-address",  # StoreAPI (Query reads it) and the replication a router sends
-    "http-address",  # /-/ready, its own /metrics
-    "remote-write.address",  # remote write and OTLP/HTTP
-    "receive.capnproto-address",  # the other replication protocol (unused, but it listens)
-)
-
-
-def _listening(ports: Iterator[int]) -> list[str]:
-    """A receiver's listening flags, on 127.0.0.1 and the next of ``ports``."""
-    return [f"--{flag}=127.0.0.1:{next(ports)}" for flag in _RECEIVE_LISTENS]
-
-
-def _flag(argv: list[str], flag: str) -> str:
-    """The value of ``--<flag>=...`` in ``argv``."""
-    return next(arg.split("=", 1)[1] for arg in argv if arg.startswith(f"--{flag}="))
-
-
 def _query_sees(web: int, grpc_addresses: set[str]) -> bool:
     """Whether Thanos Query reaches every one of these StoreAPI endpoints, healthy."""
     with contextlib.suppress(OSError):
@@ -397,99 +413,128 @@ def _query_sees(web: int, grpc_addresses: set[str]) -> bool:
 
 @contextlib.contextmanager
 def run_store(folder: Path, thresholds: AlertThresholds | None = None) -> Iterator[RunningStore]:
-    """Start Thanos as a store that scales out; yields it once Query reaches every part.
+    """Start the fleet's store from its generated flags; yields it once Query reaches every part.
 
-    A router (stateless: it takes OTLP/HTTP and remote write, translates OTLP, and forwards each
-    series to ``STORE_REPLICATION`` of the ``STORE_RECEIVERS`` ingesting receivers by the
-    hashring), the ingesting receivers (each a TSDB in ``folder``), Query over them
-    (deduplicating the replicas sample by sample), and Rule evaluating async_tee's alert rules
-    every second through Query. All on 127.0.0.1, free ports.
+    The router, ``STORE_RECEIVERS`` ingesting receivers (replication ``STORE_REPLICATION``),
+    Query over them and Rule evaluating async_tee's alert rules every second: the flags
+    ``async-tee stack --path fleet`` writes, with local addresses (``local_fleet``).
     """
+    at = local_fleet(folder)
     (folder / "rules.yml").write_text(render_rules(thresholds))
-    ports = iter(distinct_free_ports(len(_RECEIVE_LISTENS) * (STORE_RECEIVERS + 1) + 4))
-    receivers = []
-    for index in range(STORE_RECEIVERS):
-        listening = _listening(ports)
-        receivers.append(
-            [
-                "receive",
-                f"--tsdb.path={folder / f'receive-{index}'}",
-                *listening,
-                f"--receive.local-endpoint={_flag(listening, 'grpc-address')}",  # only ingests
-                f'--label=receive_replica="{index}"',
-            ]
-        )
-    endpoints = [_flag(receiver, "grpc-address") for receiver in receivers]
-    hashring = json.dumps([{"hashring": "default", "endpoints": endpoints}])
-    router = [
-        "receive",
-        f"--tsdb.path={folder / 'router'}",
-        *_listening(ports),
-        f"--receive.hashrings={hashring}",  # no local endpoint: it only routes
-        f"--receive.replication-factor={STORE_REPLICATION}",
-        '--label=receive_replica="router"',
-        *(f"--receive.otlp-promote-resource-attributes={key}" for key in stack.PROMOTED),
-    ]
-    query_http, query_grpc, rule_http, rule_grpc = (next(ports) for _ in range(4))
-    stores = [*endpoints, f"127.0.0.1:{rule_grpc}"]  # Rule's StoreAPI and Rules API: alerts
-    query_argv = [
-        "query",
-        f"--http-address=127.0.0.1:{query_http}",
-        f"--grpc-address=127.0.0.1:{query_grpc}",
-        "--endpoint.sd-config=" + json.dumps({"endpoints": [{"address": a} for a in stores]}),
-        "--query.replica-label=receive_replica",
-        "--query.replica-label=rule_replica",
-        "--deduplication.func=chain",  # replicas hold the same samples: merge them 1:1
-    ]
-    rule_argv = [
-        "rule",
-        f"--data-dir={folder / 'rule'}",
-        f"--http-address=127.0.0.1:{rule_http}",
-        f"--grpc-address=127.0.0.1:{rule_grpc}",
-        f"--query=127.0.0.1:{query_http}",
-        f"--rule-file={folder / 'rules.yml'}",
-        "--eval-interval=1s",
-        '--label=rule_replica="0"',
-    ]
+    query_http = port_of(at.query.http)
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    argv = {part.name: fleet.receiver_argv(at, i) for i, part in enumerate(at.receivers)}
+    argv[at.router.name] = fleet.router_argv(at)
+    argv[at.query.name] = fleet.query_argv(at)
+    argv[at.rule.name] = fleet.rule_argv(at)
+    parts = {part.name: part for part in (*at.receivers, at.router, at.query, at.rule)}
 
-    def start(name: str, argv: list[str]) -> None:
-        http = port_of(_flag(argv, "http-address"))
-        procs[name] = _start_thanos(argv, http, folder / f"{name}.log", f"thanos {name}")
+    def start(name: str) -> None:
+        log = folder / f"{name}.log"
+        procs[name] = _start_thanos(argv[name], port_of(parts[name].http), log, f"thanos {name}")
 
     @contextlib.contextmanager
-    def receiver_down(index: int) -> Iterator[None]:
-        name = f"receive-{index}"
+    def down(name: str) -> Iterator[None]:
         procs[name].kill()
         procs[name].wait()
         try:
             yield
         finally:
-            start(name, receivers[index])
-            deadline = time.monotonic() + 30
-            while not _query_sees(query_http, {endpoints[index]}):
-                assert time.monotonic() < deadline, f"Query never reached {name} again"
-                time.sleep(0.2)  # polling an external server
+            start(name)
+            if name != at.router.name:
+                deadline = time.monotonic() + 30
+                while not _query_sees(query_http, {parts[name].grpc}):
+                    assert time.monotonic() < deadline, f"Query never reached {name} again"
+                    time.sleep(0.2)  # polling an external server
 
     try:
-        for index, argv in enumerate(receivers):
-            start(f"receive-{index}", argv)
-        start("router", router)
-        start("query", query_argv)
-        start("rule", rule_argv)
+        for name in argv:
+            start(name)
         deadline = time.monotonic() + 30
-        while not _query_sees(query_http, set(stores)):
+        stores = {part.grpc for part in (*at.receivers, at.rule)}
+        while not _query_sees(query_http, stores):
             assert time.monotonic() < deadline, get(query_http, "/api/v1/stores")
             time.sleep(0.2)  # polling an external server
-        remote_write = _flag(router, "remote-write.address")
         yield RunningStore(
             web=query_http,
-            otlp_url=f"http://{remote_write}/api/v1/otlp",
-            remote_write_url=f"http://{remote_write}/api/v1/receive",
+            addresses=at,
             folder=folder,
             pids={name: proc.pid for name, proc in procs.items()},
-            receiver_down=receiver_down,
+            receiver_down=lambda index: down(at.receivers[index].name),
+            router_down=lambda: down(at.router.name),
         )
     finally:
         for proc in reversed(procs.values()):
             _stop(proc)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningAgent:
+    """A started node agent: where its node's ranks export, its own metrics, its process."""
+
+    settings: AgentSettings
+    folder: Path
+    pid: int
+
+    def rank_environment(self) -> dict[str, str]:
+        """What each rank of the agent's node sets (the fleet's ``ranks.env``, local ports)."""
+        return {
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{self.settings.otlp_http}",
+        }
+
+
+def agent_settings(folder: Path, store_otlp: str, **overrides: Any) -> AgentSettings:
+    """A node agent on 127.0.0.1 and free ports, its queue in ``folder``, sending to the store."""
+    grpc, http, own = distinct_free_ports(3)
+    return AgentSettings(
+        otlp_grpc=f"127.0.0.1:{grpc}",
+        otlp_http=f"127.0.0.1:{http}",
+        telemetry_port=own,
+        data=str(folder / "queue"),
+        store_otlp=store_otlp,
+        **overrides,
+    )
+
+
+@contextlib.contextmanager
+def run_agent(
+    folder: Path, settings: AgentSettings, log_name: str = "agent.log"
+) -> Iterator[RunningAgent]:
+    """Start a node agent from the fleet's generated config; yields it once it listens."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "agent.yaml").write_text(agent_config(settings))
+    argv = [binary("otelcol"), f"--config={folder / 'agent.yaml'}"]
+    with server(argv, port_of(settings.otlp_http), folder / log_name, "agent") as pid:
+        yield RunningAgent(settings, folder, pid)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningFleet:
+    """The store and one agent per simulated node (each node's ranks export to its agent)."""
+
+    store: RunningStore
+    agents: list[RunningAgent]
+
+    @property
+    def web(self) -> int:
+        return self.store.web
+
+
+@contextlib.contextmanager
+def run_fleet(
+    folder: Path, nodes: int = 2, thresholds: AlertThresholds | None = None
+) -> Iterator[RunningFleet]:
+    """The fleet as ``async-tee stack --path fleet`` writes it: the store, and an agent per node."""
+    (folder / "store").mkdir(parents=True, exist_ok=True)
+    with run_store(folder / "store", thresholds) as store, contextlib.ExitStack() as agents:
+        running = [
+            agents.enter_context(
+                run_agent(
+                    folder / f"node-{n}", agent_settings(folder / f"node-{n}", store.otlp_url)
+                )
+            )
+            for n in range(nodes)
+        ]
+        yield RunningFleet(store, running)

@@ -1,8 +1,11 @@
 """The fleet: a Collector agent per node, forwarding to Thanos Receive, read through Thanos Query.
 
-The store scales out: a hashring of receivers, each series kept by ``replication_factor`` of
-them (the query deduplicates the copies by their ``receive_replica`` label); Thanos Rule
-evaluates the same alert rules against the query; Grafana reads the query as its Prometheus.
+The store scales out. A router (stateless) takes each agent's OTLP, translates it as Prometheus
+3 does and sends each series to ``replication_factor`` of the ingesting receivers by a
+hashring; each ingesting receiver keeps its share in its own TSDB, marked by its
+``receive_replica`` label; the query reads every receiver and merges the copies sample by
+sample; Thanos Rule evaluates the alert rules through the query; Grafana reads the query as
+its Prometheus. More nodes: more agents. More series: more receivers in the ring.
 """
 
 from __future__ import annotations
@@ -23,50 +26,74 @@ from async_tee.stack.common import (
 __all__ = [
     "THANOS_IMAGE",
     "FleetAddresses",
-    "hashring",
-    "query_flags",
-    "receive_flags",
+    "ThanosPart",
+    "query_argv",
+    "receiver_argv",
     "render_fleet",
-    "rule_flags",
+    "router_argv",
+    "rule_argv",
 ]
 
-THANOS_IMAGE = "quay.io/thanos/thanos:v0.42.0"
-REPLICA_LABEL = "receive_replica"
-"""The label a receiver puts on what it keeps: the query merges the copies it tells apart."""
-OTLP_PATH = "/api/v1/otlp/v1/metrics"
-"""Where a receiver's remote-write port takes OTLP/HTTP."""
+THANOS_IMAGE = "quay.io/thanos/thanos:v0.42.5"
+REPLICA_LABELS = ("receive_replica", "rule_replica")
+"""The labels telling copies apart (a receiver's, the rule evaluator's): the query merges them."""
+OTLP_PATH = "/api/v1/otlp"
+"""Where a receiver's write port takes OTLP/HTTP metrics (the full path: no ``/v1/metrics``)."""
+REMOTE_WRITE_PATH = "/api/v1/receive"
+"""Where a receiver's write port takes Prometheus remote write."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ThanosPart:
+    """One Thanos process: how the others reach each of its listeners (``host:port``).
+
+    ``write`` (remote write and OTLP) and ``capnproto`` (replication) are a receiver's.
+    """
+
+    name: str
+    grpc: str
+    http: str
+    write: str = ""
+    capnproto: str = ""
+
+
+def _part(name: str, receives: bool = False) -> ThanosPart:
+    """A part as compose names it, on Thanos's default ports."""
+    if receives:
+        return ThanosPart(name, f"{name}:10901", f"{name}:10902", f"{name}:19291", f"{name}:19391")
+    return ThanosPart(name, f"{name}:10901", f"{name}:10902")
+
+
+_ROUTER = _part("router", receives=True)
+_RECEIVERS = tuple(_part(f"receive-{i}", receives=True) for i in range(3))
+_QUERY, _RULE = _part("query"), _part("rule")
 
 
 @dataclasses.dataclass(frozen=True)
 class FleetAddresses:
-    """Where each part of the store listens and keeps its data: compose's by default.
+    """The store's parts and where they keep their data: compose's by default.
 
     Attributes:
-        receivers: Each receiver's ``host`` (its gRPC, HTTP and write ports below).
-        replication_factor: How many receivers keep each series.
-        receive_grpc_port, receive_http_port, receive_write_port: A receiver's ports.
-        query: Where the query listens for HTTP (the Prometheus API Grafana reads).
-        query_grpc: Where the query listens for gRPC.
-        rule_http, rule_grpc: Where the rule evaluator listens.
-        data: The folder under which each part keeps its data (``<data>/<part>``).
-        evaluation_interval_s: How often the rules are evaluated.
+        router: The receiver the agents write to; it routes, keeps nothing.
+        receivers: The ingesting receivers of the hashring.
+        replication_factor: How many receivers keep each series (2: one may be lost).
+        query: Thanos Query: the Prometheus API that Grafana and the rule evaluator read.
+        rule: Thanos Rule, evaluating the alert rules.
+        listen_host: The host every part listens on (``0.0.0.0`` in a container).
+        data: The folder under which each part keeps its data (``<data>/<part name>``).
         rules_file: The alert rules' file as the rule evaluator reads it.
-        hashring_file: The hashring's file as the receivers read it.
+        evaluation_interval_s: How often the rules are evaluated.
     """
 
-    receivers: tuple[str, ...] = ("receive-0", "receive-1", "receive-2")
+    router: ThanosPart = _ROUTER
+    receivers: tuple[ThanosPart, ...] = _RECEIVERS
     replication_factor: int = 2
-    receive_grpc_port: int = 10901
-    receive_http_port: int = 10902
-    receive_write_port: int = 19291
-    query: str = "query:10902"
-    query_grpc: str = "query:10901"
-    rule_http: str = "rule:10902"
-    rule_grpc: str = "rule:10901"
+    query: ThanosPart = _QUERY
+    rule: ThanosPart = _RULE
+    listen_host: str = "0.0.0.0"
     data: str = "/data"
-    evaluation_interval_s: float = 15.0
     rules_file: str = "/etc/thanos/rules.yml"
-    hashring_file: str = "/etc/thanos/hashring.json"
+    evaluation_interval_s: float = 15.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.replication_factor <= len(self.receivers):
@@ -75,71 +102,85 @@ class FleetAddresses:
                 f"{len(self.receivers)} receivers (there are {len(self.receivers)})"
             )
 
-    def receiver_grpc(self, host: str) -> str:
-        """One receiver's gRPC address: its name in the ring, and where the query reads it."""
-        return f"{host}:{self.receive_grpc_port}"
+    @property
+    def otlp_url(self) -> str:
+        """Where the agents send OTLP/HTTP metrics: the router's."""
+        return f"http://{self.router.write}{OTLP_PATH}"
 
-    def store_otlp(self, host: str) -> str:
-        """The OTLP/HTTP URL of one receiver (any of them routes by the hashring)."""
-        return f"http://{host}:{self.receive_write_port}{OTLP_PATH}"
-
-
-def hashring(at: FleetAddresses) -> str:
-    """The receivers' hashring file: one ring of every receiver."""
-    ring = [{"hashring": "default", "endpoints": [at.receiver_grpc(h) for h in at.receivers]}]
-    return json.dumps(ring, indent=2) + "\n"
+    @property
+    def remote_write_url(self) -> str:
+        """Where a Prometheus remote-write client writes: the router's."""
+        return f"http://{self.router.write}{REMOTE_WRITE_PATH}"
 
 
-def receive_flags(at: FleetAddresses, host: str) -> list[str]:
-    """One receiver's flags: routes by the ring, keeps its share, takes OTLP."""
+def _listen(at: FleetAddresses, part: ThanosPart) -> list[str]:
+    """A part's listening flags: each of its listeners, on ``listen_host`` at its port."""
+    flags = [("grpc-address", part.grpc), ("http-address", part.http)]
+    flags += [("remote-write.address", part.write), ("receive.capnproto-address", part.capnproto)]
+    return [
+        f"--{flag}={at.listen_host}:{where.rsplit(':', 1)[1]}" for flag, where in flags if where
+    ]
+
+
+def receiver_argv(at: FleetAddresses, index: int) -> list[str]:
+    """Ingesting receiver ``index``: keeps the series the ring gives it, under its replica label."""
+    part = at.receivers[index]
     return [
         "receive",
-        f"--tsdb.path={at.data}/{host}",
-        f"--grpc-address=0.0.0.0:{at.receive_grpc_port}",
-        f"--http-address=0.0.0.0:{at.receive_http_port}",
-        f"--remote-write.address=0.0.0.0:{at.receive_write_port}",
-        f"--receive.hashrings-file={at.hashring_file}",
-        f"--receive.local-endpoint={at.receiver_grpc(host)}",
+        f"--tsdb.path={at.data}/{part.name}",
+        *_listen(at, part),
+        f"--receive.local-endpoint={part.grpc}",  # its name in the ring: it ingests
+        f'--label=receive_replica="{part.name}"',
+    ]
+
+
+def router_argv(at: FleetAddresses) -> list[str]:
+    """The router: takes OTLP and remote write, and sends each series to its receivers."""
+    ring = [{"hashring": "default", "endpoints": [part.grpc for part in at.receivers]}]
+    return [
+        "receive",
+        f"--tsdb.path={at.data}/{at.router.name}",
+        *_listen(at, at.router),
+        f"--receive.hashrings={json.dumps(ring)}",  # and no local endpoint: it only routes
         f"--receive.replication-factor={at.replication_factor}",
-        f'--label={REPLICA_LABEL}="{host}"',
+        f'--label=receive_replica="{at.router.name}"',
         *(f"--receive.otlp-promote-resource-attributes={name}" for name in PROMOTED),
     ]
 
 
-def query_flags(at: FleetAddresses) -> list[str]:
-    """The query's flags: every receiver and the rule evaluator, copies merged."""
+def query_argv(at: FleetAddresses) -> list[str]:
+    """The query: every receiver and the rule evaluator (its alerts), the copies merged."""
+    endpoints = [part.grpc for part in at.receivers] + [at.rule.grpc]
     return [
         "query",
-        f"--http-address=0.0.0.0:{at.query.rsplit(':', 1)[1]}",
-        f"--grpc-address=0.0.0.0:{at.query_grpc.rsplit(':', 1)[1]}",
-        *(f"--endpoint={at.receiver_grpc(h)}" for h in at.receivers),
-        f"--endpoint={at.rule_grpc}",
-        f"--query.replica-label={REPLICA_LABEL}",
+        *_listen(at, at.query),
+        "--endpoint.sd-config=" + json.dumps({"endpoints": [{"address": e} for e in endpoints]}),
+        *(f"--query.replica-label={label}" for label in REPLICA_LABELS),
+        "--deduplication.func=chain",  # replicas hold the same samples: merged one to one
     ]
 
 
-def rule_flags(at: FleetAddresses) -> list[str]:
-    """The rule evaluator's flags: the alert rules, evaluated against the query."""
+def rule_argv(at: FleetAddresses) -> list[str]:
+    """The rule evaluator: async_tee's alert rules, evaluated through the query."""
     return [
         "rule",
-        f"--data-dir={at.data}/rule",
-        f"--http-address=0.0.0.0:{at.rule_http.rsplit(':', 1)[1]}",
-        f"--grpc-address=0.0.0.0:{at.rule_grpc.rsplit(':', 1)[1]}",
+        f"--data-dir={at.data}/{at.rule.name}",
+        *_listen(at, at.rule),
+        f"--query={at.query.http}",
         f"--rule-file={at.rules_file}",
-        f"--query=http://{at.query}",
         f"--eval-interval={seconds(at.evaluation_interval_s)}",
-        '--label=rule_replica="rule-0"',
+        '--label=rule_replica="0"',
     ]
 
 
-def _service(name: str, flags: list[str], extra: str = "") -> str:
-    command = "".join(f"\n      - {json.dumps(flag)}" for flag in flags)
+def _service(part: ThanosPart, argv: list[str], extra: str = "") -> str:
+    command = "".join(f"\n      - {json.dumps(arg)}" for arg in argv)
     return (
-        f"  {name}:\n"
+        f"  {part.name}:\n"
         f"    image: {THANOS_IMAGE}\n"
         f"    command:{command}\n"
+        "    restart: unless-stopped\n"
         "    volumes:\n"
-        "      - ./hashring.json:/etc/thanos/hashring.json:ro\n"
         "      - ./rules.yml:/etc/thanos/rules.yml:ro\n"
         "      - thanos-data:/data\n" + extra
     )
@@ -148,7 +189,7 @@ def _service(name: str, flags: list[str], extra: str = "") -> str:
 COMPOSE_AGENT = AgentSettings(
     otlp_grpc="0.0.0.0:4317",  # in its container; published on the node's loopback only
     otlp_http="0.0.0.0:4318",
-    store_otlp=FleetAddresses().store_otlp("receive-0"),
+    store_otlp=FleetAddresses().otlp_url,
 )
 """The node agent as the compose file runs it."""
 
@@ -176,18 +217,15 @@ def render_fleet(
         "      - ./agent.yaml:/etc/otelcol/config.yaml:ro\n"
         f"      - agent-data:{agent.data}\n"
         '    ports: ["127.0.0.1:4317:4317", "127.0.0.1:4318:4318"]\n'
-        + "".join(
-            _service(host, receive_flags(at, host), "    restart: unless-stopped\n")
-            for host in at.receivers
-        )
-        + _service("query", query_flags(at), '    ports: ["10902:10902"]\n')
-        + _service("rule", rule_flags(at))
+        + "".join(_service(part, receiver_argv(at, i)) for i, part in enumerate(at.receivers))
+        + _service(at.router, router_argv(at))
+        + _service(at.query, query_argv(at), '    ports: ["10902:10902"]\n')
+        + _service(at.rule, rule_argv(at))
         + GRAFANA_SERVICE
         + "volumes:\n  agent-data: {}\n  thanos-data: {}\n"
     )
     return {
         "agent.yaml": agent_config(agent),
-        "hashring.json": hashring(at),
         "rules.yml": rules,
         "compose.yaml": compose,
         "ranks.env": (
@@ -195,5 +233,5 @@ def render_fleet(
             "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf\n"
             f"OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:{agent.otlp_http.rsplit(':', 1)[1]}\n"
         ),
-        **grafana_files(f"http://{at.query}"),
+        **grafana_files(f"http://{at.query.http}"),
     }

@@ -1,17 +1,21 @@
-"""The store that scales out, on the real servers: Thanos Receive, Query and Rule (servers/build).
+"""The fleet on the real servers: node agents (Collectors) and Thanos Receive, Query and Rule.
 
-Rank processes export OTLP/HTTP straight to the store's router, which forwards each series to 2
-of the 3 ingesting receivers (``servers.run_store``). Read back through Thanos Query as from a
-Prometheus: every catalog name, every dashboard query for one run and rank of 4 ranks of 2 runs,
-the alert rules firing through Thanos Rule for the rank that earned them, and one receiver
-killed mid-run with no step of any rank lost. And the store takes Prometheus remote write:
-the Collector of the ``remote-write`` path writes to it as to Prometheus 3, the same series.
+As ``async-tee stack --path fleet`` writes it (``servers.run_fleet``): rank processes export
+OTLP/HTTP to their node's agent, which keeps what it accepted on disk and forwards it to the
+store's router, which sends each series to 2 of the 3 ingesting receivers. Read back through
+Thanos Query as from a Prometheus: every catalog name, every dashboard query for one run and
+rank of 4 ranks of 2 runs on 2 nodes, the alert rules firing through Thanos Rule for the rank
+that earned them, one receiver killed mid-run with no step of any rank lost, and an agent
+killed while the store is away with no step lost either. And the store takes Prometheus remote
+write: the Collector of the ``remote-write`` path writes to it as to Prometheus 3.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,11 +31,15 @@ from async_tee.catalog import series_catalog
 from servers import (
     STORE_RECEIVERS,
     STORE_REPLICATION,
+    RunningAgent,
     RunningStack,
-    RunningStore,
+    agent_settings,
     firing_and_pending,
     get,
+    metric_samples,
     query,
+    run_agent,
+    run_fleet,
     run_stack,
     run_store,
     wait_for_query,
@@ -43,9 +51,9 @@ RUNS = {"run-a": 0.0, "run-b": 100.0}  # each run's reward offset: its values ar
 
 
 def start_rank(
-    to: RunningStore | RunningStack, run: str, rank: int, world: int, log: Path, *argv: str
+    to: RunningAgent | RunningStack, run: str, rank: int, world: int, log: Path, *argv: str
 ) -> subprocess.Popen[str]:
-    """A rank process exporting every second, to the store or a stack; stderr to ``log``."""
+    """A rank process exporting every second, to its node's agent or a stack; stderr to ``log``."""
     env = environ_without_launcher()
     env.update(
         RANK=str(rank),
@@ -82,14 +90,14 @@ def test_a_run_reads_back_from_the_store_as_from_prometheus(tmp_path):
     dashboard = pytest.importorskip("async_tee.dashboard")
     pytest.importorskip("grafana_foundation_sdk")
     procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
-    with run_store(tmp_path) as store:
-        web = store.web
+    with run_fleet(tmp_path, nodes=2) as fleet:
+        web = fleet.web
         try:
             for run, offset in RUNS.items():
-                for rank in range(2):
+                for rank in range(2):  # rank r of each run on node r
                     log = tmp_path / f"{run}-{rank}.log"
                     procs[(run, rank)] = start_rank(
-                        store, run, rank, 2, log, "--reward-offset", str(offset)
+                        fleet.agents[rank], run, rank, 2, log, "--reward-offset", str(offset)
                     )
             runs = 'target_info{rl_run_id=~"run-."}'
             every = f"count(rl_reward_mean * on (job, instance) group_left () {runs})"
@@ -144,7 +152,8 @@ def test_a_run_reads_back_from_the_store_as_from_prometheus(tmp_path):
                 key = json.dumps(labels, sort_keys=True)
                 held_by.setdefault(key, set()).add(row["metric"]["receive_replica"])
             assert {len(r) for r in held_by.values()} == {STORE_REPLICATION}
-            assert set().union(*held_by.values()) == {str(i) for i in range(STORE_RECEIVERS)}
+            receivers = {f"receive-{i}" for i in range(STORE_RECEIVERS)}
+            assert set().union(*held_by.values()) == receivers
             reports = stop_stepping(procs)
         finally:
             ends = end_ranks(procs)
@@ -171,12 +180,12 @@ def test_the_alerts_fire_through_thanos_rule_for_the_rank_that_earned_them(tmp_p
     }
     procs: dict[int, subprocess.Popen[str]] = {}
     firing: set[tuple[str, str]] = set()
-    with run_store(tmp_path, thresholds) as store:
-        web = store.web
+    with run_fleet(tmp_path, nodes=2, thresholds=thresholds) as fleet:
+        web = fleet.web
         try:
             for rank, extra in argv.items():
                 log = tmp_path / f"rank-{rank}.log"
-                procs[rank] = start_rank(store, "run-a", rank, 4, log, *extra)
+                procs[rank] = start_rank(fleet.agents[rank % 2], "run-a", rank, 4, log, *extra)
             assert procs[1].stdout is not None
             assert json.loads(procs[1].stdout.readline())["steps"] == 3  # its steps are done
             assert wait_for_query(web, 'target_info{rl_rank="3"}', bool), "rank 3 never exported"
@@ -229,18 +238,19 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
     its restart; the ranks never saw a failed export."""
     procs: dict[int, subprocess.Popen[str]] = {}
     step, rank_0 = 'rl_step{rl_run_id="crash"}', 'rl_step{rl_run_id="crash", rl_rank="0"}'
-    with run_store(tmp_path) as store:
-        web = store.web
+    with run_fleet(tmp_path, nodes=2) as fleet:
+        store, web = fleet.store, fleet.web
         try:
             for rank in range(2):
-                procs[rank] = start_rank(store, "crash", rank, 2, tmp_path / f"rank-{rank}.log")
+                log = tmp_path / f"rank-{rank}.log"
+                procs[rank] = start_rank(fleet.agents[rank], "crash", rank, 2, log)
             first = wait_for_query(web, rank_0, bool)
             assert first, "rank 0's steps never arrived"
             holders = _labels_of(replicas(web, rank_0), "receive_replica")
             assert len(holders) == STORE_REPLICATION, holders
             killed = min(holders)
             own_copy = f'rl_step{{rl_run_id="crash", rl_rank="0", receive_replica="{killed}"}}'
-            with store.receiver_down(int(killed)):
+            with store.receiver_down(int(killed.rsplit("-", 1)[1])):
                 down_at = _last_step(web, step)
                 deadline = time.monotonic() + 30
                 while _last_step(web, step) < down_at + 3:  # steps go on arriving meanwhile
@@ -277,6 +287,72 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
     assert max(own["0"]) > up_at
     for rank, report in reports.items():
         assert report["stats"]["exports"]["failure"] == 0, (rank, report["stats"]["exports"])
+
+
+def _queued(agent: RunningAgent) -> float:
+    """The requests an agent holds in its sending queue now (its own gauge)."""
+    return sum(
+        sample.value
+        for sample in metric_samples(agent.settings.telemetry_port)
+        if sample.name == "otelcol_exporter_queue_size"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_killed_while_the_store_is_away_loses_no_step(tmp_path):
+    """2 ranks step every 0.3 s through one agent. The store's router goes away; the agent
+    keeps what the ranks send in its queue on disk; it is killed (SIGKILL) holding at least 4
+    requests and started again on the same folder, where it finds them; the ranks keep what
+    it could not take meanwhile. Once the router is back, every step of both ranks is in the
+    store, and no rank dropped anything."""
+    procs: dict[int, subprocess.Popen[str]] = {}
+    ends: dict[int, Any] = {}
+    step = 'rl_step{rl_run_id="agent-crash"}'
+    node = tmp_path / "node-0"
+    (tmp_path / "store").mkdir()
+    with run_store(tmp_path / "store") as store, contextlib.ExitStack() as outage:
+        settings = agent_settings(node, store.otlp_url)
+        try:
+            with run_agent(node, settings) as agent:
+                for rank in range(2):
+                    log = tmp_path / f"rank-{rank}.log"
+                    procs[rank] = start_rank(agent, "agent-crash", rank, 2, log)
+                assert wait_for_query(store.web, step, bool), "no step arrived"
+                outage.enter_context(store.router_down())
+                deadline = time.monotonic() + 30
+                while (held := _queued(agent)) < 4:  # the ranks' steps pile up on its disk
+                    assert time.monotonic() < deadline, "the agent queued nothing"
+                    time.sleep(0.2)  # polling an external server
+                os.kill(agent.pid, signal.SIGKILL)
+            with run_agent(node, settings, "agent-again.log") as again:
+                found = _queued(again)
+                outage.close()  # the router is back: the agent sends what it kept
+                reports = stop_stepping(procs)
+                ends = end_ranks(procs)
+                every = {
+                    str(r): set(map(float, range(report["steps"] + 1)))
+                    for r, report in reports.items()
+                }
+                coalesced = {
+                    str(r): report["stats"]["steps"]["coalesced"] for r, report in reports.items()
+                }
+
+                def missing(rows: list[dict[str, Any]]) -> dict[str, int]:
+                    held_steps = _steps_held(rows)
+                    return {r: len(s - held_steps.get(r, set())) for r, s in every.items()}
+
+                rows = wait_for_query(
+                    store.web, f"{step}[10m]", lambda rows: missing(rows) == coalesced
+                )
+        finally:
+            if not ends:
+                end_ranks(procs)
+    print(f"the agent held {held:.0f} requests when killed, found {found:.0f} on restart")
+    assert found >= held  # what it had accepted was on disk
+    assert all(ends.values()), ends  # each rank delivered its backlog to the end
+    assert missing(rows) == coalesced, (missing(rows), coalesced)
+    for rank, report in reports.items():
+        assert sum(report["stats"]["delivery"]["dropped"].values()) == 0, (rank, report)
 
 
 @pytest.mark.timeout(150)
