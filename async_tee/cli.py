@@ -146,18 +146,19 @@ def _parser() -> argparse.ArgumentParser:
 
     stack = commands.add_parser(
         "stack",
-        help="write a runnable stack: Collector, Prometheus, alert rules, dashboard, compose",
+        help="write a runnable stack: Collector(s), the store, alert rules, dashboard, compose",
         description="Write the configs for one path from the ranks to Prometheus, with the "
         "alert rules loaded and the dashboard provisioned, and a compose file naming the "
         "official images. Paths: scrape (Prometheus scrapes each rank), collector (OTLP -> "
         "Collector's prometheus exporter <- scrape), remote-write (OTLP -> Collector -> "
-        "remote write), otlp (OTLP/HTTP -> Prometheus 3's OTLP receiver).",
+        "remote write), otlp (OTLP/HTTP -> Prometheus 3's OTLP receiver), fleet (OTLP -> "
+        "a Collector agent per node -> Thanos Receive, read through Thanos Query).",
     )
     stack.add_argument("--output", metavar="DIR", required=True, help="the folder to write")
     stack.add_argument(
         "--path",
         default="remote-write",
-        choices=("scrape", "collector", "remote-write", "otlp"),
+        choices=("scrape", "collector", "remote-write", "otlp", "fleet"),
         help="how the ranks' series reach Prometheus (default: %(default)s)",
     )
     stack.set_defaults(handler=_run_stack)
@@ -230,7 +231,12 @@ def _run_stack(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the dashboard's extra is missing: the rest still runs
         print(f"async-tee stack: no dashboard.json ({exc})", file=sys.stderr)
         dashboard = None
-    files = render_stack(args.path, dashboard=dashboard)
+    if args.path == "fleet":
+        from async_tee.stack.fleet import render_fleet
+
+        files = render_fleet(dashboard=dashboard)
+    else:
+        files = render_stack(args.path, dashboard=dashboard)
     for name, text in files.items():
         target = os.path.join(args.output, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)

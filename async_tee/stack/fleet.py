@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from async_tee.alerts import AlertThresholds, render_rules
 from async_tee.stack.agent import AgentSettings, agent_config
 from async_tee.stack.common import (
     COLLECTOR_IMAGE,
@@ -195,12 +196,16 @@ COMPOSE_AGENT = AgentSettings(
 
 
 def render_fleet(
-    rules: str, at: FleetAddresses | None = None, agent: AgentSettings = COMPOSE_AGENT
+    at: FleetAddresses | None = None,
+    agent: AgentSettings = COMPOSE_AGENT,
+    thresholds: AlertThresholds | None = None,
+    dashboard: str | None = None,
 ) -> dict[str, str]:
-    """Every file of the fleet stack: relative name -> text (the caller adds the dashboard).
+    """Every file of the fleet stack: relative file name -> text.
 
     ``agent.yaml`` is each node's; the compose file runs the store, Grafana and one node's
-    agent. ``rules``: the alert rules' file (``async-tee alerts``).
+    agent (``ranks.env``: what each rank sets). ``thresholds``: the alert rules' (the
+    defaults when omitted); ``dashboard``: Grafana's (``async-tee dashboard``), or None.
     """
     at = at or FleetAddresses()
     compose = (
@@ -224,9 +229,9 @@ def render_fleet(
         + GRAFANA_SERVICE
         + "volumes:\n  agent-data: {}\n  thanos-data: {}\n"
     )
-    return {
+    files = {
         "agent.yaml": agent_config(agent),
-        "rules.yml": rules,
+        "rules.yml": render_rules(thresholds),
         "compose.yaml": compose,
         "ranks.env": (
             "OTEL_METRICS_EXPORTER=otlp\n"
@@ -235,3 +240,6 @@ def render_fleet(
         ),
         **grafana_files(f"http://{at.query.http}"),
     }
+    if dashboard is not None:
+        files["dashboard.json"] = dashboard
+    return files

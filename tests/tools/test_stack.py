@@ -101,3 +101,43 @@ def test_the_node_agent_answers_once_on_disk_and_forwards_in_order_without_givin
     assert queue["queue_size"] == at.queue_requests  # bounded: past it, refused retryably
     assert queue["batch"]["min_size"] == at.batch_points
     assert exporter["retry_on_failure"]["max_elapsed_time"] == "0s"  # never given up
+
+
+def test_the_fleet_writes_the_agent_the_store_and_what_each_rank_sets(tmp_path, capsys):
+    """The same flags run the real store in tests/e2e/test_fleet.py (servers.run_store)."""
+    yaml = pytest.importorskip("yaml")
+    from async_tee.stack import fleet
+
+    assert cli.main(["stack", "--output", str(tmp_path), "--path", "fleet"]) == 0
+    assert "for the fleet path" in capsys.readouterr().out
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"agent.yaml", "rules.yml", "compose.yaml", "ranks.env"} <= written
+    assert "prometheus.yml" not in written  # the store is Thanos: Query serves its API
+    at = fleet.FleetAddresses()
+    compose = yaml.safe_load((tmp_path / "compose.yaml").read_text())
+    services = compose["services"]
+    parts = ["router", "receive-0", "receive-1", "receive-2", "query", "rule"]
+    assert set(services) == {"agent", "grafana", *parts}
+    assert services["router"]["command"] == fleet.router_argv(at)
+    assert services["receive-1"]["command"] == fleet.receiver_argv(at, 1)
+    assert all(services[p]["image"] == fleet.THANOS_IMAGE for p in parts)
+    router = services["router"]["command"]
+    assert "--receive.replication-factor=2" in router
+    for name in stack.PROMOTED:  # the router translates OTLP: it promotes the identity
+        assert f"--receive.otlp-promote-resource-attributes={name}" in router
+    assert not any(flag.startswith("--receive.local-endpoint") for flag in router)  # routes
+    assert "--deduplication.func=chain" in services["query"]["command"]
+    agent = yaml.safe_load((tmp_path / "agent.yaml").read_text())
+    assert agent["exporters"]["otlp_http"]["metrics_endpoint"] == at.otlp_url
+    assert services["agent"]["ports"] == ["127.0.0.1:4317:4317", "127.0.0.1:4318:4318"]
+    env = dict(line.split("=", 1) for line in (tmp_path / "ranks.env").read_text().split())
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4318"  # the node's agent
+    datasource = (tmp_path / "grafana/datasources/prometheus.yaml").read_text()
+    assert f"url: http://{at.query.http}" in datasource
+
+
+def test_a_replication_factor_the_ring_cannot_hold_is_refused():
+    from async_tee.stack import fleet
+
+    with pytest.raises(ValueError, match="replication_factor 4 needs 1 to 3 receivers"):
+        fleet.FleetAddresses(replication_factor=4)
