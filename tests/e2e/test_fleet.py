@@ -37,6 +37,7 @@ from servers import (
     firing_and_pending,
     get,
     metric_samples,
+    own_counters,
     query,
     run_agent,
     run_fleet,
@@ -264,6 +265,9 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
             reports = stop_stepping(procs)
         finally:
             ends = end_ranks(procs)
+        # The agents' own word: the store stayed writable with one receiver down (each series
+        # has a second copy), so no send of theirs failed, and they passed on all they took.
+        counts = [own_counters(agent.settings.telemetry_port) for agent in fleet.agents]
         last = {str(r): report["steps"] for r, report in reports.items()}
         coalesced = {str(r): report["stats"]["steps"]["coalesced"] for r, report in reports.items()}
 
@@ -287,6 +291,9 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
     assert max(own["0"]) > up_at
     for rank, report in reports.items():
         assert report["stats"]["exports"]["failure"] == 0, (rank, report["stats"]["exports"])
+    for agent in counts:
+        assert agent.get("otelcol_exporter_send_failed_metric_points_total", 0) == 0, agent
+        assert agent.get("otelcol_receiver_refused_metric_points_total", 0) == 0, agent
 
 
 def _queued(agent: RunningAgent) -> float:
