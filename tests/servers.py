@@ -304,6 +304,24 @@ def own_counters(port: int) -> dict[str, float]:
     return found
 
 
+def dashboard_for(web: int, chosen: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Every dashboard query for the ``chosen`` run and rank, asked of the server at ``web``:
+    those with no data, and those with another run's or rank's series."""
+    from async_tee import dashboard
+
+    empty, foreign = [], []
+    for expr in dashboard.panel_queries(dashboard.build_dashboard()):
+        concrete = dashboard.expand_variables(expr, chosen)
+        rows = [r for r in query(web, concrete) if r["value"][1] not in ("NaN", "+Inf", "-Inf")]
+        if not rows:
+            empty.append(concrete)
+        runs = {row["metric"]["rl_run_id"] for row in rows if "rl_run_id" in row["metric"]}
+        ranks = {row["metric"]["rl_rank"] for row in rows if "rl_rank" in row["metric"]}
+        if runs - {chosen["run"]} or ranks - {chosen["rank"]}:
+            foreign.append(concrete)
+    return empty, foreign
+
+
 STORE_RECEIVERS, STORE_REPLICATION = 3, 2
 """Ingesting receivers in the store's hashring, and how many of them hold each series."""
 
