@@ -721,7 +721,7 @@ class LoadGenerator:
             for endpoint in range(len(config.endpoints))
             for _ in range(config.connections)
         ]
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0 = _cpu_times(), time.perf_counter()
         start = loop.time() + 0.05
         started_unix = time.time() + 0.05
         if self.on_start is not None:
@@ -735,7 +735,8 @@ class LoadGenerator:
                 await asyncio.wait_for(self._idle.wait(), config.drain_s)
             except asyncio.TimeoutError:
                 drained = False
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        cpu = tuple(b - a for a, b in zip(cpu0, _cpu_times(), strict=True))
+        wall = time.perf_counter() - wall0
         for task in senders:
             task.cancel()
         await asyncio.gather(*senders, return_exceptions=True)
@@ -751,9 +752,15 @@ class LoadGenerator:
         ]
 
     def _report(
-        self, cpu_s: float, wall_s: float, schedule_s: float, drained: bool, started_unix: float
+        self,
+        cpu: tuple[float, float],
+        wall_s: float,
+        schedule_s: float,
+        drained: bool,
+        started_unix: float,
     ) -> dict[str, Any]:
         config = self.config
+        cpu_s = sum(cpu)
         missing = self.missing()
         undelivered = sum(len(p) for p in self._pending if p)
         sent = self.counts["sent"]
@@ -797,11 +804,19 @@ class LoadGenerator:
             "waited_us": percentiles_us(self.wait_ns),
             "generator": {
                 "cpu_s": cpu_s,
+                "user_s": cpu[0],
+                "system_s": cpu[1],
                 "cpu_us_per_request": 1e6 * cpu_s / sent if sent else None,
                 "build_us": percentiles_us(self.build_ns),
                 "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             },
         }
+
+
+def _cpu_times() -> tuple[float, float]:
+    """This process's user and system CPU seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
 
 
 def partial_rejected(body: bytes) -> int:

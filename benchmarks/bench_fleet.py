@@ -1,0 +1,440 @@
+"""Fleet capacity: simulated ranks into a stack's agents; each tier's CPU per point; the knee.
+
+Usage: ``nice -n 10 python benchmarks/bench_fleet.py [--target remote-write]
+[--ranks 100,200,...] [--step-s 1] [--duration-s 30] [--quick] [--out PATH]``
+(``--help`` lists the rest). Needs the real servers ``servers/build`` builds.
+
+**A run** (one rank count at one cadence): a fresh stack (``_tiers.TARGETS``); its tiers' CPU
+while idle (``IDLE_S``); then the load generator (``_loadgen.py``, a process of its own)
+drives the ranks for ``duration_s`` (every rank's every step, staggered over the step, each
+request what a real session with that rank's resource sends). While it runs, every tier's CPU
+and own figures are sampled each second (the agents' queue and remote-write log, the store's
+head). Once it has delivered what it could, the store's query API is polled until every
+(rank, step) is there or ``CATCH_UP_S`` passed. The window runs from the load's start to
+then: per tier, CPU seconds (every process's ``utime + stime``), the points the agents
+accepted, and CPU-µs per point; the samples the store holds of the run; what is missing.
+
+**The knee**: runs at rising rank counts (``--ranks``) until one is past it: anything the
+generator's answers, the agents' or the store's figures call not accepted (a refused,
+retried, failed or dropped request or point), a rank with more than one request waiting (an
+export slower than its step), an agent's queue or log still holding a step's requests at
+the end, a (rank, step) missing from the store, or the store more than ``CATCH_UP_OK_S``
+behind the last send. A run the generator could not drive on time (its requests made more than
+``_loadgen.LATENESS_WARN_S`` late at p99) says so: its figures are the generator's limit, not
+the stack's.
+
+**Capacity**, from the per-point CPU of the last run before the knee: ranks per agent core and
+per store core at 1 s, 10 s and 60 s steps (one core's CPU-µs a second over a rank's points a
+second: ``points_per_request / step_s``), and the cores each tier needs per 1,000 and 10,000
+ranks.
+
+Output: a table on stdout, JSON at ``--out`` (a temp dir by default) and markdown beside it.
+Full: 100, 200, 300, 400, 600 ranks at 1 s steps for 30 s (stopping at the first past the
+knee), then 2,000 ranks at 10 s steps for 60 s. ``--quick``: 20 ranks, 1 s steps, 10 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import _tiers as tiers
+from _common import (
+    bench_parser,
+    fmt_opt,
+    machine_info,
+    md_table,
+    parse_bench_args,
+    progress,
+    publish,
+    text_table,
+)
+
+HERE = Path(__file__).resolve().parent
+LOADGEN = HERE / "_loadgen.py"
+IDLE_S = 5.0
+"""How long each tier's idle CPU is measured before the load."""
+CATCH_UP_S = 60.0
+"""After the last send, the longest the store is given to hold every (rank, step)."""
+CATCH_UP_OK_S = 5.0
+"""A store that needs longer than this (or than a step) after the last send is behind."""
+POLL_S = 0.5
+CADENCES_S = (1.0, 10.0, 60.0)
+FLEETS = (1_000, 10_000)
+FULL = {"sweep": (100, 200, 300, 400, 600), "step_s": 1.0, "duration_s": 30.0}
+FULL_LONG = {"ranks": 2_000, "step_s": 10.0, "duration_s": 60.0}
+QUICK = {"sweep": (20,), "step_s": 1.0, "duration_s": 10.0}
+
+
+# ------------------------------------------------------------------ one run
+
+
+@contextlib.contextmanager
+def _generator(
+    target: tiers.Target, args: Any, ranks: int, step_s: float, steps: int
+) -> Iterator[Any]:
+    """The load generator's process, driving ``target``'s agents; ended with the block."""
+    command = [sys.executable, str(LOADGEN), "--ranks", str(ranks), "--step-s", str(step_s)]
+    command += ["--steps", str(steps), "--run-id", f"fleet-{ranks}-{int(time.time())}"]
+    command += ["--ranks-per-node", str(args.ranks_per_node)]
+    command += ["--connections", str(args.connections), "--drain-s", str(args.drain_s)]
+    for endpoint in target.endpoints:
+        command += ["--endpoint", endpoint]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        yield process
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(30)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def _line(process: Any) -> dict[str, Any]:
+    line = process.stdout.readline()
+    if not line:
+        process.wait(30)
+        raise RuntimeError(f"the load generator ended ({process.returncode}) without a report")
+    event: dict[str, Any] = json.loads(line)
+    return event
+
+
+def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[str, Any]:
+    """One run: a fresh stack, ``ranks`` ranks at ``step_s`` for ``duration_s``; its figures."""
+    steps = max(1, round(duration_s / step_s))
+    progress(f"{args.target}: {ranks} ranks, {step_s:g} s steps, {steps} steps")
+    with contextlib.ExitStack() as running:
+        folder = running.enter_context(tempfile.TemporaryDirectory(prefix="async-tee-fleet-"))
+        target = running.enter_context(tiers.TARGETS[args.target](Path(folder)))
+        idle0 = tiers.snapshot(target)
+        time.sleep(IDLE_S)  # measuring the idle tiers, not waiting for anything
+        idle = tiers.change(idle0, tiers.snapshot(target))
+        generator = running.enter_context(_generator(target, args, ranks, step_s, steps))
+        with tiers.Sampler(target) as sampler:
+            started = _line(generator)
+            before = tiers.snapshot(target)
+            load = _line(generator)
+            sent_at = time.monotonic()
+            found, missing = _wait_for_store(target, load, sent_at)
+            caught_up_s = time.monotonic() - sent_at
+            after = tiers.snapshot(target)
+        window_s = time.time() - started["unix"] + 5
+        stored = tiers.samples_in_store(target, load["config"]["run_id"], window_s)
+    run = {
+        "target": args.target,
+        "ranks": ranks,
+        "step_s": step_s,
+        "steps": steps,
+        "generator": load,
+        "idle": {tier: {"cores": figures["cpu_s"] / IDLE_S} for tier, figures in idle.items()},
+        "window_s": after.at - before.at,
+        "tiers": tiers.change(before, after),
+        "peaks": {
+            tier.name: {
+                "busiest_cores": sampler.busiest_cores(tier.name),
+                **{
+                    name: sampler.peak(tier.name, name)
+                    for name in ("queue_size", "wal_lag")
+                    if tier.kind == "otelcol"
+                },
+            }
+            for tier in target.tiers
+        },
+        "store": {
+            "ranks_found": len(found),
+            "present": ranks * steps - len(missing),
+            "missing": len(missing),
+            "missing_first": missing[:20],
+            "caught_up_s": caught_up_s,
+            "samples_of_run": stored,
+        },
+    }
+    run.update(costs(run))
+    run["past_knee"] = past_knee(run)
+    return run
+
+
+def _wait_for_store(
+    target: tiers.Target, load: dict[str, Any], sent_at: float
+) -> tuple[dict[int, set[int]], list[tuple[int, int]]]:
+    """Poll the store until every (rank, step) is there, or ``CATCH_UP_S`` passed."""
+    config = load["config"]
+    window_s = time.time() - load["started_unix"] + 5
+    found: dict[int, set[int]] = {}
+    missing: list[tuple[int, int]] = []
+    while True:
+        with contextlib.suppress(OSError):
+            found = tiers.steps_in_store(target, config["run_id"], window_s)
+            missing = tiers.missing_steps(found, config["ranks"], config["steps"])
+            if not missing:
+                return found, missing
+        if time.monotonic() - sent_at > CATCH_UP_S:
+            return found, missing
+        time.sleep(POLL_S)  # polling an external server
+
+
+# ------------------------------------------------------------------ what a run says
+
+
+def costs(run: dict[str, Any]) -> dict[str, Any]:
+    """Points per second and, per tier, CPU-µs per point the agents accepted (and per idle)."""
+    agent = run["tiers"]["agent"]["figures"]
+    accepted = agent.get("accepted", 0.0)
+    schedule_s = run["generator"]["schedule_s"]
+    per_point: dict[str, Any] = {}
+    for tier, figures in run["tiers"].items():
+        cpu = figures["cpu_s"]
+        idle = run["idle"][tier]["cores"] * run["window_s"]
+        per_point[tier] = {
+            "cpu_us": 1e6 * cpu / accepted if accepted else None,
+            "cpu_us_less_idle": 1e6 * max(0.0, cpu - idle) / accepted if accepted else None,
+            "cores": cpu / run["window_s"] if run["window_s"] else None,
+        }
+    generator = run["generator"]["generator"]
+    points = run["generator"]["points_per_request"]
+    per_point["generator"] = {
+        "cpu_us": generator["cpu_us_per_request"] / points
+        if generator["cpu_us_per_request"]
+        else None,
+        "cpu_us_per_request": generator["cpu_us_per_request"],
+        "cores": generator["cpu_s"] / run["generator"]["wall_s"],
+    }
+    return {
+        "points_per_s": run["generator"]["points"]["delivered"] / schedule_s,
+        "accepted_points": accepted,
+        "per_point": per_point,
+    }
+
+
+def past_knee(run: dict[str, Any]) -> list[str]:
+    """Why the run is past the knee (empty: every point accepted, stored, in time)."""
+    reasons: list[str] = []
+    load = run["generator"]
+    other = {k: v for k, v in load["answers"].items() if k != "2xx"}
+    if other:
+        reasons.append(f"answers other than 2xx: {other}")
+    for what in ("dropped", "refused"):
+        if load[what]:
+            reasons.append(f"the generator {what}: {load[what]}")
+    if load["requests"]["max_backlog"] > 1:
+        reasons.append(f"a rank had {load['requests']['max_backlog']} requests waiting")
+    if not load["kept_up"]:
+        reasons.append(f"the generator fell behind (p99 {load['late_us']['p99']:.0f} µs late)")
+    ranks_per_agent = run["ranks"] / len(load["config"]["endpoints"])
+    for tier, figures in run["tiers"].items():
+        counts = figures["figures"]
+        for name in ("refused", "failed", "send_failed", "enqueue_failed", "out_of_order"):
+            if counts.get(name):
+                reasons.append(f"{tier} {name}: {counts[name]:.0f}")
+        for name in ("queue_size", "wal_lag"):
+            if counts.get(name, 0.0) >= ranks_per_agent:
+                reasons.append(f"{tier} {name} at the end: {counts[name]:.0f}")
+    store = run["store"]
+    if store["missing"]:
+        reasons.append(f"{store['missing']} (rank, step) missing from the store")
+    elif store["caught_up_s"] > max(CATCH_UP_OK_S, run["step_s"]):
+        reasons.append(f"the store took {store['caught_up_s']:.1f} s after the last send")
+    return reasons
+
+
+def capacity(run: dict[str, Any]) -> dict[str, Any]:
+    """Ranks per core of each tier at each cadence, and cores per fleet, from one run's costs."""
+    points = run["generator"]["points_per_request"]
+    out: dict[str, Any] = {"from": {"ranks": run["ranks"], "step_s": run["step_s"]}}
+    for tier, cost in run["per_point"].items():
+        per_point = cost["cpu_us"]
+        if not per_point:
+            continue
+        out[tier] = {
+            "cpu_us_per_point": per_point,
+            "ranks_per_core": {
+                f"{step:g}s": 1e6 * step / (per_point * points) for step in CADENCES_S
+            },
+            "cores_per_ranks": {
+                f"{step:g}s": {
+                    str(fleet): fleet * points / step * per_point / 1e6 for fleet in FLEETS
+                }
+                for step in CADENCES_S
+            },
+        }
+    return out
+
+
+# ------------------------------------------------------------------ the report
+
+
+def row(run: dict[str, Any]) -> list[str]:
+    """One run as a table row."""
+    load = run["generator"]
+    per_point = run["per_point"]
+    return [
+        f"{run['ranks']}",
+        f"{run['step_s']:g}",
+        fmt_opt(run["points_per_s"], ",.0f"),
+        fmt_opt(per_point["agent"]["cpu_us"], ".1f"),
+        fmt_opt(per_point["store"]["cpu_us"], ".1f"),
+        fmt_opt(per_point["generator"]["cpu_us_per_request"], ".0f"),
+        f"{per_point['agent']['cores']:.2f} / {per_point['store']['cores']:.2f}",
+        fmt_opt(load["rtt_us"]["p50"] / 1000, ".1f")
+        + " / "
+        + fmt_opt(load["rtt_us"]["p99"] / 1000, ".1f"),
+        f"{run['store']['present']:,} / {run['ranks'] * run['steps']:,}",
+        f"{run['store']['caught_up_s']:.1f}",
+        "; ".join(run["past_knee"]) or "keeps up",
+    ]
+
+
+HEADER = (
+    "ranks",
+    "step s",
+    "points/s",
+    "agent µs/pt",
+    "store µs/pt",
+    "gen µs/req",
+    "cores agent/store",
+    "rtt p50/p99 ms",
+    "(rank, step) stored",
+    "catch-up s",
+    "verdict",
+)
+
+
+def capacity_rows(table: dict[str, Any]) -> list[list[str]]:
+    """Ranks per core and cores per fleet, per tier and cadence."""
+    rows = []
+    for tier in ("agent", "store"):
+        if tier not in table:
+            continue
+        cell = table[tier]
+        for step in CADENCES_S:
+            key = f"{step:g}s"
+            rows.append(
+                [
+                    tier,
+                    key,
+                    fmt_opt(cell["cpu_us_per_point"], ".1f"),
+                    fmt_opt(cell["ranks_per_core"][key], ",.0f"),
+                    *(fmt_opt(cell["cores_per_ranks"][key][str(n)], ".2f") for n in FLEETS),
+                ]
+            )
+    return rows
+
+
+CAPACITY_HEADER = ("tier", "step", "CPU-µs/point", "ranks/core", *(f"cores/{n:,}" for n in FLEETS))
+
+
+def section(report: dict[str, Any]) -> list[str]:
+    """The markdown section."""
+    lines = [
+        f"Stack `{report['target']}`; each rank sends {report['points_per_request']} points "
+        f"({report['request_bytes']:,} bytes) per step.",
+        "",
+        *md_table(HEADER, [row(run) for run in report["runs"]]),
+        "",
+        f"Knee: {report['knee']['text']}",
+    ]
+    if report.get("capacity"):
+        lines += ["", *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
+    return lines
+
+
+def knee(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The last run that kept up and the first past the knee, at the sweep's cadence."""
+    keeps = [run for run in runs if not run["past_knee"]]
+    past = [run for run in runs if run["past_knee"]]
+    last = max(keeps, key=lambda run: run["ranks"], default=None)
+    first = min(past, key=lambda run: run["ranks"], default=None)
+    parts = []
+    if last is not None:
+        parts.append(f"{last['ranks']} ranks at {last['step_s']:g} s steps keep up")
+    if first is not None:
+        why = "; ".join(first["past_knee"])
+        parts.append(f"{first['ranks']} ranks are past it ({why})")
+    else:
+        parts.append("no run was past it")
+    return {
+        "last_keeping_up": None if last is None else last["ranks"],
+        "first_past": None if first is None else first["ranks"],
+        "reasons": [] if first is None else first["past_knee"],
+        "text": "; ".join(parts) + ".",
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> Any:
+    """The command's options."""
+    parser = bench_parser(__doc__ or "")
+    parser.add_argument("--target", choices=sorted(tiers.TARGETS), default="remote-write")
+    parser.add_argument("--ranks", default=None, help="rank counts to sweep, e.g. 100,200")
+    parser.add_argument("--step-s", type=float, default=None)
+    parser.add_argument("--duration-s", type=float, default=None)
+    parser.add_argument(
+        "--long", default=None, help="a run after the sweep: RANKS,STEP_S,DURATION_S ('' none)"
+    )
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=16, help="per agent")
+    parser.add_argument("--drain-s", type=float, default=30.0)
+    parser.add_argument("--keep-going", action="store_true", help="run past the knee too")
+    return parse_bench_args(parser, "fleet", argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep, find the knee, derive the capacity, publish."""
+    args = parse_args(argv)
+    started = time.perf_counter()
+    plan = QUICK if args.quick else FULL
+    sweep = [int(n) for n in args.ranks.split(",")] if args.ranks else list(plan["sweep"])
+    step_s = args.step_s or plan["step_s"]
+    duration_s = args.duration_s or plan["duration_s"]
+    runs = []
+    for ranks in sweep:
+        runs.append(run_load(args, ranks, step_s, duration_s))
+        progress("  " + "  ".join(text_table(HEADER, [row(runs[-1])])[1:]))
+        if runs[-1]["past_knee"] and not args.keep_going:
+            break
+    long_plan = None if args.quick else FULL_LONG
+    if args.long is not None:
+        long_plan = None
+        if args.long:
+            ranks_text, step_text, duration_text = args.long.split(",")
+            long_plan = {
+                "ranks": int(ranks_text),
+                "step_s": float(step_text),
+                "duration_s": float(duration_text),
+            }
+    if long_plan is not None:
+        runs.append(
+            run_load(args, long_plan["ranks"], long_plan["step_s"], long_plan["duration_s"])
+        )
+    sweep_runs = [run for run in runs if run["step_s"] == step_s]
+    found = knee(sweep_runs)
+    basis = next((run for run in sweep_runs if run["ranks"] == found["last_keeping_up"]), None)
+    first = runs[0]["generator"]
+    report = {
+        "machine": machine_info(),
+        "target": args.target,
+        "points_per_request": first["points_per_request"],
+        "request_bytes": first["request_bytes"],
+        "runs": runs,
+        "knee": found,
+        "capacity": capacity(basis) if basis is not None else None,
+        "duration_s": time.perf_counter() - started,
+    }
+    console = [*text_table(HEADER, [row(run) for run in runs]), "", found["text"]]
+    if report["capacity"]:
+        console += ["", *text_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
+    publish(args.out, report, "Fleet capacity", section(report), console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
