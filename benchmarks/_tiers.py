@@ -134,7 +134,12 @@ FIGURES: Mapping[str, tuple[Figure, ...]] = {
         Figure("enqueue_failed", "otelcol_exporter_enqueue_failed_metric_points_total"),
         Figure("queue_size", "otelcol_exporter_queue_size", gauge=True),
         Figure("queue_capacity", "otelcol_exporter_queue_capacity", gauge=True),
+        # Recorded every 15 s (lag_record_frequency): a level from up to 15 s ago.
         Figure("wal_lag", "otelcol_exporter_prometheusremotewrite_wal_lag", gauge=True),
+        Figure(
+            "wal_written_bytes", "otelcol_exporter_prometheusremotewrite_wal_bytes_written_total"
+        ),
+        Figure("wal_read_bytes", "otelcol_exporter_prometheusremotewrite_wal_bytes_read_total"),
     ),
     "prometheus": (
         Figure("appended", "prometheus_tsdb_head_samples_appended_total"),
@@ -156,6 +161,16 @@ FIGURES: Mapping[str, tuple[Figure, ...]] = {
 
 GAUGES = frozenset(f.name for figures in FIGURES.values() for f in figures if f.gauge)
 """The figures that are levels, not counts (a window's change means nothing for them)."""
+
+
+def backlog(figures: Mapping[str, float]) -> dict[str, float]:
+    """What a tier holds not sent on yet, from its figures at one moment: its sending queue's
+    requests, and the bytes its remote-write log holds unread (written less read)."""
+    return {
+        "queue_size": figures.get("queue_size", 0.0),
+        "wal_pending_bytes": figures.get("wal_written_bytes", 0.0)
+        - figures.get("wal_read_bytes", 0.0),
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -184,13 +199,22 @@ def read_figures(tier: Tier) -> dict[str, float]:
     return totals
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every process of the machine spent so far (``/proc/stat``, all CPUs)."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) * _TICK_S
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """Every tier's CPU seconds and figures at one moment (monotonic ``at``)."""
+    """Every tier's CPU seconds and figures, and the machine's CPU, at one moment."""
 
     at: float
     cpu_s: dict[str, float]
     figures: dict[str, dict[str, float]]
+    machine_s: float = 0.0
 
 
 def snapshot(target: Target) -> Snapshot:
@@ -199,6 +223,7 @@ def snapshot(target: Target) -> Snapshot:
         time.monotonic(),
         {tier.name: sum(cpu_seconds(p.pid) for p in tier.processes) for tier in target.tiers},
         {tier.name: read_figures(tier) for tier in target.tiers},
+        machine_busy_seconds(),
     )
 
 
@@ -241,9 +266,13 @@ class Sampler:
         self._stop.set()
         self._thread.join(10)
 
-    def peak(self, tier: str, figure: str) -> float:
-        """The highest value a level reached while sampling (0 with no sample)."""
-        return max((s.figures[tier].get(figure, 0.0) for s in self.snapshots), default=0.0)
+    def peak_backlog(self, tier: str) -> dict[str, float]:
+        """The most the tier held not sent on while sampling (:func:`backlog`)."""
+        levels = [backlog(s.figures[tier]) for s in self.snapshots]
+        return {
+            name: max((level[name] for level in levels), default=0.0)
+            for name in ("queue_size", "wal_pending_bytes")
+        }
 
     def busiest_cores(self, tier: str) -> float:
         """The tier's highest CPU use between two samples, in cores."""

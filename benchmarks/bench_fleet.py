@@ -29,13 +29,14 @@ second: ``points_per_request / step_s``), and the cores each tier needs per 1,00
 ranks.
 
 Output: a table on stdout, JSON at ``--out`` (a temp dir by default) and markdown beside it.
-Full: 100, 200, 300, 400, 600 ranks at 1 s steps for 30 s (stopping at the first past the
+Full: 100, 150, 200, 250, 300, 400 ranks at 1 s steps for 30 s (stopping at the first past the
 knee), then 2,000 ranks at 10 s steps for 60 s. ``--quick``: 20 ranks, 1 s steps, 10 s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -66,11 +67,24 @@ CATCH_UP_S = 60.0
 CATCH_UP_OK_S = 5.0
 """A store that needs longer than this (or than a step) after the last send is behind."""
 POLL_S = 0.5
+LOG_TAIL = 4000
+"""Characters kept of each server's log, for a run past the knee."""
 CADENCES_S = (1.0, 10.0, 60.0)
 FLEETS = (1_000, 10_000)
-FULL = {"sweep": (100, 200, 300, 400, 600), "step_s": 1.0, "duration_s": 30.0}
-FULL_LONG = {"ranks": 2_000, "step_s": 10.0, "duration_s": 60.0}
-QUICK = {"sweep": (20,), "step_s": 1.0, "duration_s": 10.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The runs of one invocation: the sweep's rank counts at one cadence, then a long run."""
+
+    sweep: tuple[int, ...]
+    step_s: float
+    duration_s: float
+    long: tuple[int, float, float] | None = None  # ranks, step_s, duration_s
+
+
+FULL = Plan((100, 150, 200, 250, 300, 400), 1.0, 30.0, long=(2_000, 10.0, 60.0))
+QUICK = Plan((20,), 1.0, 10.0)
 
 
 # ------------------------------------------------------------------ one run
@@ -117,7 +131,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
         folder = running.enter_context(tempfile.TemporaryDirectory(prefix="async-tee-fleet-"))
         target = running.enter_context(tiers.TARGETS[args.target](Path(folder)))
         idle0 = tiers.snapshot(target)
-        time.sleep(IDLE_S)  # measuring the idle tiers, not waiting for anything
+        time.sleep(args.idle_s)  # measuring the idle tiers, not waiting for anything
         idle = tiers.change(idle0, tiers.snapshot(target))
         generator = running.enter_context(_generator(target, args, ranks, step_s, steps))
         with tiers.Sampler(target) as sampler:
@@ -125,30 +139,35 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
             before = tiers.snapshot(target)
             load = _line(generator)
             sent_at = time.monotonic()
+            loaded = tiers.snapshot(target)
             found, missing = _wait_for_store(target, load, sent_at)
             caught_up_s = time.monotonic() - sent_at
             after = tiers.snapshot(target)
         window_s = time.time() - started["unix"] + 5
         stored = tiers.samples_in_store(target, load["config"]["run_id"], window_s)
+        logs = {
+            log.name: log.read_text(errors="replace")[-LOG_TAIL:]
+            for log in Path(folder).glob("*.log")
+        }
     run = {
         "target": args.target,
         "ranks": ranks,
         "step_s": step_s,
         "steps": steps,
         "generator": load,
-        "idle": {tier: {"cores": figures["cpu_s"] / IDLE_S} for tier, figures in idle.items()},
+        "idle": {tier: {"cores": figures["cpu_s"] / args.idle_s} for tier, figures in idle.items()},
         "window_s": after.at - before.at,
         "tiers": tiers.change(before, after),
+        "machine": _machine(before, after, load),
         "peaks": {
             tier.name: {
                 "busiest_cores": sampler.busiest_cores(tier.name),
-                **{
-                    name: sampler.peak(tier.name, name)
-                    for name in ("queue_size", "wal_lag")
-                    if tier.kind == "otelcol"
-                },
+                **sampler.peak_backlog(tier.name),
             }
             for tier in target.tiers
+        },
+        "backlog_at_load_end": {
+            tier: tiers.backlog(figures) for tier, figures in loaded.figures.items()
         },
         "store": {
             "ranks_found": len(found),
@@ -161,7 +180,23 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
     }
     run.update(costs(run))
     run["past_knee"] = past_knee(run)
+    if run["past_knee"]:
+        run["log_tails"] = logs  # what the servers said about it
     return run
+
+
+def _machine(
+    before: tiers.Snapshot, after: tiers.Snapshot, load: dict[str, Any]
+) -> dict[str, float]:
+    """The machine's CPU in the window, in cores: all of it, and the share of other processes.
+
+    Others: every process but the tiers' and the generator's (its load window's CPU).
+    """
+    window = after.at - before.at
+    busy = after.machine_s - before.machine_s
+    ours = sum(after.cpu_s.values()) - sum(before.cpu_s.values())
+    ours += load["generator"]["cpu_s"]
+    return {"cores": busy / window, "others_cores": max(0.0, busy - ours) / window}
 
 
 def _wait_for_store(
@@ -220,6 +255,7 @@ def past_knee(run: dict[str, Any]) -> list[str]:
     """Why the run is past the knee (empty: every point accepted, stored, in time)."""
     reasons: list[str] = []
     load = run["generator"]
+    bytes_ = load["request_bytes"]
     other = {k: v for k, v in load["answers"].items() if k != "2xx"}
     if other:
         reasons.append(f"answers other than 2xx: {other}")
@@ -230,15 +266,17 @@ def past_knee(run: dict[str, Any]) -> list[str]:
         reasons.append(f"a rank had {load['requests']['max_backlog']} requests waiting")
     if not load["kept_up"]:
         reasons.append(f"the generator fell behind (p99 {load['late_us']['p99']:.0f} µs late)")
+    # A step of an agent's ranks still held once the last was accepted: it falls behind.
     ranks_per_agent = run["ranks"] / len(load["config"]["endpoints"])
+    step_held = {"queue_size": ranks_per_agent, "wal_pending_bytes": ranks_per_agent * bytes_}
     for tier, figures in run["tiers"].items():
         counts = figures["figures"]
         for name in ("refused", "failed", "send_failed", "enqueue_failed", "out_of_order"):
             if counts.get(name):
                 reasons.append(f"{tier} {name}: {counts[name]:.0f}")
-        for name in ("queue_size", "wal_lag"):
-            if counts.get(name, 0.0) >= ranks_per_agent:
-                reasons.append(f"{tier} {name} at the end: {counts[name]:.0f}")
+        for name, held in run["backlog_at_load_end"][tier].items():
+            if held >= step_held[name]:
+                reasons.append(f"{tier} {name} at the load's end: {held:,.0f}")
     store = run["store"]
     if store["missing"]:
         reasons.append(f"{store['missing']} (rank, step) missing from the store")
@@ -290,6 +328,7 @@ def row(run: dict[str, Any]) -> list[str]:
         + fmt_opt(load["rtt_us"]["p99"] / 1000, ".1f"),
         f"{run['store']['present']:,} / {run['ranks'] * run['steps']:,}",
         f"{run['store']['caught_up_s']:.1f}",
+        f"{run['machine']['others_cores']:.2f}",
         "; ".join(run["past_knee"]) or "keeps up",
     ]
 
@@ -305,6 +344,7 @@ HEADER = (
     "rtt p50/p99 ms",
     "(rank, step) stored",
     "catch-up s",
+    "others' cores",
     "verdict",
 )
 
@@ -380,6 +420,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
     parser.add_argument(
         "--long", default=None, help="a run after the sweep: RANKS,STEP_S,DURATION_S ('' none)"
     )
+    parser.add_argument("--idle-s", type=float, default=IDLE_S, help="idle CPU measured first")
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16, help="per agent")
     parser.add_argument("--drain-s", type=float, default=30.0)
@@ -392,30 +433,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     plan = QUICK if args.quick else FULL
-    sweep = [int(n) for n in args.ranks.split(",")] if args.ranks else list(plan["sweep"])
-    step_s = args.step_s or plan["step_s"]
-    duration_s = args.duration_s or plan["duration_s"]
+    sweep = [int(n) for n in args.ranks.split(",")] if args.ranks else plan.sweep
+    step_s = args.step_s or plan.step_s
+    duration_s = args.duration_s or plan.duration_s
+    long = plan.long
+    if args.long is not None:
+        ranks_text, step_text, duration_text = (args.long or "0,0,0").split(",")
+        long = (int(ranks_text), float(step_text), float(duration_text)) if args.long else None
     runs = []
     for ranks in sweep:
-        runs.append(run_load(args, ranks, step_s, duration_s))
+        runs.append({"part": "sweep", **run_load(args, ranks, step_s, duration_s)})
         progress("  " + "  ".join(text_table(HEADER, [row(runs[-1])])[1:]))
         if runs[-1]["past_knee"] and not args.keep_going:
             break
-    long_plan = None if args.quick else FULL_LONG
-    if args.long is not None:
-        long_plan = None
-        if args.long:
-            ranks_text, step_text, duration_text = args.long.split(",")
-            long_plan = {
-                "ranks": int(ranks_text),
-                "step_s": float(step_text),
-                "duration_s": float(duration_text),
-            }
-    if long_plan is not None:
-        runs.append(
-            run_load(args, long_plan["ranks"], long_plan["step_s"], long_plan["duration_s"])
-        )
-    sweep_runs = [run for run in runs if run["step_s"] == step_s]
+    if long is not None:
+        runs.append({"part": "long", **run_load(args, *long)})
+    sweep_runs = [run for run in runs if run["part"] == "sweep"]
     found = knee(sweep_runs)
     basis = next((run for run in sweep_runs if run["ranks"] == found["last_keeping_up"]), None)
     first = runs[0]["generator"]
