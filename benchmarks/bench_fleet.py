@@ -140,7 +140,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
             load = _line(generator)
             sent_at = time.monotonic()
             loaded = tiers.snapshot(target)
-            found, missing = _wait_for_store(target, load, sent_at)
+            found, missing, query_error = _wait_for_store(target, load, sent_at)
             caught_up_s = time.monotonic() - sent_at
             after = tiers.snapshot(target)
         window_s = time.time() - started["unix"] + 5
@@ -176,6 +176,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
             "missing_first": missing[:20],
             "caught_up_s": caught_up_s,
             "samples_of_run": stored,
+            "query_error": query_error,
         },
     }
     run.update(costs(run))
@@ -201,20 +202,29 @@ def _machine(
 
 def _wait_for_store(
     target: tiers.Target, load: dict[str, Any], sent_at: float
-) -> tuple[dict[int, set[int]], list[tuple[int, int]]]:
-    """Poll the store until every (rank, step) is there, or ``CATCH_UP_S`` passed."""
+) -> tuple[dict[int, set[int]], list[tuple[int, int]], str]:
+    """Poll the store until every (rank, step) is there, or ``CATCH_UP_S`` passed.
+
+    Returns what was found, what is missing (all of it until a query answered) and the
+    last query's error ("" if it answered).
+    """
     config = load["config"]
     window_s = time.time() - load["started_unix"] + 5
     found: dict[int, set[int]] = {}
-    missing: list[tuple[int, int]] = []
+    missing = tiers.missing_steps(found, config["ranks"], config["steps"])
+    error = ""
     while True:
-        with contextlib.suppress(OSError):
+        try:
             found = tiers.steps_in_store(target, config["run_id"], window_s)
+        except OSError as exc:  # the store busy or restarting: asked again
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = ""
             missing = tiers.missing_steps(found, config["ranks"], config["steps"])
             if not missing:
-                return found, missing
+                return found, missing, error
         if time.monotonic() - sent_at > CATCH_UP_S:
-            return found, missing
+            return found, missing, error
         time.sleep(POLL_S)  # polling an external server
 
 

@@ -33,6 +33,7 @@ def test_a_small_load_is_accepted_stored_and_costed_per_tier(tmp_path):
         "missing_first": [],
         "caught_up_s": 0,
         "samples_of_run": run["store"]["samples_of_run"],
+        "query_error": "",
     }
     assert run["store"]["samples_of_run"] >= RANKS * steps * points
     assert run["past_knee"] == []
