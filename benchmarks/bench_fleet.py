@@ -67,6 +67,7 @@ CATCH_UP_S = 60.0
 CATCH_UP_OK_S = 5.0
 """A store that needs longer than this (or than a step) after the last send is behind."""
 POLL_S = 0.5
+QUIET_LOOK_S = 3.0
 LOG_TAIL = 4000
 """Characters kept of each server's log, for a run past the knee."""
 CADENCES_S = (1.0, 10.0, 60.0)
@@ -123,9 +124,26 @@ def _line(process: Any) -> dict[str, Any]:
     return event
 
 
+def wait_quiet(below_cores: float, within_s: float) -> float:
+    """Wait (up to ``within_s``) until the machine's CPU use is under ``below_cores``.
+
+    The machine is shared: a run measured beside another job's build finds that job's knee.
+    Returns the cores in use at the last look (over ``QUIET_LOOK_S``).
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        before = tiers.machine_busy_seconds()
+        time.sleep(QUIET_LOOK_S)  # measuring the machine's load
+        busy = (tiers.machine_busy_seconds() - before) / QUIET_LOOK_S
+        if busy < below_cores or time.monotonic() > deadline:
+            return busy
+        progress(f"  the machine is busy ({busy:.2f} cores in use): waiting")
+
+
 def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[str, Any]:
     """One run: a fresh stack, ``ranks`` ranks at ``step_s`` for ``duration_s``; its figures."""
     steps = max(1, round(duration_s / step_s))
+    busy_before = wait_quiet(args.quiet_below, args.wait_quiet_s) if args.wait_quiet_s else None
     progress(f"{args.target}: {ranks} ranks, {step_s:g} s steps, {steps} steps")
     with contextlib.ExitStack() as running:
         folder = running.enter_context(tempfile.TemporaryDirectory(prefix="async-tee-fleet-"))
@@ -158,7 +176,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
         "idle": {tier: {"cores": figures["cpu_s"] / args.idle_s} for tier, figures in idle.items()},
         "window_s": after.at - before.at,
         "tiers": tiers.change(before, after),
-        "machine": _machine(before, after, load),
+        "machine": {**_machine(before, after, load), "busy_before_cores": busy_before},
         "peaks": {
             tier.name: {
                 "busiest_cores": sampler.busiest_cores(tier.name),
@@ -321,18 +339,23 @@ def capacity(run: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ the report
 
 
+def tier_names(run: dict[str, Any]) -> list[str]:
+    """The run's tiers, in the stack's order (the agents first)."""
+    return list(run["tiers"])
+
+
 def row(run: dict[str, Any]) -> list[str]:
-    """One run as a table row."""
+    """One run as a table row (``header`` names its columns)."""
     load = run["generator"]
     per_point = run["per_point"]
+    names = tier_names(run)
     return [
         f"{run['ranks']}",
         f"{run['step_s']:g}",
         fmt_opt(run["points_per_s"], ",.0f"),
-        fmt_opt(per_point["agent"]["cpu_us"], ".1f"),
-        fmt_opt(per_point["store"]["cpu_us"], ".1f"),
+        " / ".join(fmt_opt(per_point[name]["cpu_us"], ".1f") for name in names),
+        " / ".join(fmt_opt(per_point[name]["cores"], ".2f") for name in names),
         fmt_opt(per_point["generator"]["cpu_us_per_request"], ".0f"),
-        f"{per_point['agent']['cores']:.2f} / {per_point['store']['cores']:.2f}",
         fmt_opt(load["rtt_us"]["p50"] / 1000, ".1f")
         + " / "
         + fmt_opt(load["rtt_us"]["p99"] / 1000, ".1f"),
@@ -343,29 +366,30 @@ def row(run: dict[str, Any]) -> list[str]:
     ]
 
 
-HEADER = (
-    "ranks",
-    "step s",
-    "points/s",
-    "agent µs/pt",
-    "store µs/pt",
-    "gen µs/req",
-    "cores agent/store",
-    "rtt p50/p99 ms",
-    "(rank, step) stored",
-    "catch-up s",
-    "others' cores",
-    "verdict",
-)
+def header(run: dict[str, Any]) -> list[str]:
+    """The columns of :func:`row` for runs of ``run``'s stack."""
+    names = " / ".join(tier_names(run))
+    return [
+        "ranks",
+        "step s",
+        "points/s",
+        f"CPU-µs/point ({names})",
+        f"cores ({names})",
+        "generator µs/request",
+        "rtt p50 / p99 ms",
+        "(rank, step) stored",
+        "catch-up s",
+        "others' cores",
+        "verdict",
+    ]
 
 
 def capacity_rows(table: dict[str, Any]) -> list[list[str]]:
     """Ranks per core and cores per fleet, per tier and cadence."""
     rows = []
-    for tier in ("agent", "store"):
-        if tier not in table:
+    for tier, cell in table.items():
+        if tier == "from":
             continue
-        cell = table[tier]
         for step in CADENCES_S:
             key = f"{step:g}s"
             rows.append(
@@ -389,13 +413,55 @@ def section(report: dict[str, Any]) -> list[str]:
         f"Stack `{report['target']}`; each rank sends {report['points_per_request']} points "
         f"({report['request_bytes']:,} bytes) per step.",
         "",
-        *md_table(HEADER, [row(run) for run in report["runs"]]),
+        *md_table(header(report["runs"][0]), [row(run) for run in report["runs"]]),
         "",
         f"Knee: {report['knee']['text']}",
     ]
     if report.get("capacity"):
-        lines += ["", *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
+        basis = report["capacity"]["from"]
+        lines += [
+            "",
+            f"Capacity from the run of {basis['ranks']} ranks at {basis['step_s']:g} s steps:",
+            "",
+            *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"])),
+        ]
+    lines += ["", "Counts (points, but where said):", ""]
+    lines += md_table(COUNTS_HEADER, [counts_row(run) for run in report["runs"]])
     return lines
+
+
+COUNTS_HEADER = (
+    "ranks x steps",
+    "made",
+    "delivered (answered 2xx)",
+    "answers not 2xx",
+    "agent accepted",
+    "agent refused",
+    "agent sent on",
+    "store appended (samples)",
+    "samples of the run in the store",
+    "(rank, step) present / missing",
+)
+
+
+def counts_row(run: dict[str, Any]) -> list[str]:
+    """What one run made, and what each tier accepted and held."""
+    load = run["generator"]
+    agent = run["tiers"]["agent"]["figures"]
+    store = run["tiers"].get("store", {}).get("figures", {})
+    others = sum(v for k, v in load["answers"].items() if k != "2xx")
+    return [
+        f"{run['ranks']} x {run['steps']}",
+        f"{load['points']['made']:,}",
+        f"{load['points']['delivered']:,}",
+        f"{others:,}",
+        f"{agent.get('accepted', 0):,.0f}",
+        f"{agent.get('refused', 0):,.0f}",
+        f"{agent.get('sent', 0):,.0f}",
+        f"{store.get('appended', 0):,.0f}",
+        f"{run['store']['samples_of_run']:,}",
+        f"{run['store']['present']:,} / {run['store']['missing']:,}",
+    ]
 
 
 def knee(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -435,13 +501,60 @@ def parse_args(argv: list[str] | None = None) -> Any:
     parser.add_argument("--connections", type=int, default=16, help="per agent")
     parser.add_argument("--drain-s", type=float, default=30.0)
     parser.add_argument("--keep-going", action="store_true", help="run past the knee too")
+    parser.add_argument(
+        "--judge", type=Path, default=None, help="judge a report's runs again (no run)"
+    )
+    parser.add_argument(
+        "--wait-quiet-s", type=float, default=0.0, help="before each run, wait this long at most"
+    )
+    parser.add_argument(
+        "--quiet-below", type=float, default=0.3, help="...for the machine to use fewer cores"
+    )
     return parse_bench_args(parser, "fleet", argv)
 
 
+def judged(runs: list[dict[str, Any]], target: str, duration_s: float) -> dict[str, Any]:
+    """The report of ``runs``: each run's costs and verdict, the knee, the capacity."""
+    for run in runs:
+        run.update(costs(run))
+        run["past_knee"] = past_knee(run)
+    sweep_runs = [run for run in runs if run["part"] == "sweep"]
+    found = knee(sweep_runs)
+    basis = next((run for run in sweep_runs if run["ranks"] == found["last_keeping_up"]), None)
+    first = runs[0]["generator"]
+    return {
+        "machine": machine_info(),
+        "target": target,
+        "points_per_request": first["points_per_request"],
+        "request_bytes": first["request_bytes"],
+        "runs": runs,
+        "knee": found,
+        "capacity": capacity(basis) if basis is not None else None,
+        "duration_s": duration_s,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Sweep, find the knee, derive the capacity, publish."""
+    """Sweep, find the knee, derive the capacity, publish (or judge a report's runs again)."""
     args = parse_args(argv)
     started = time.perf_counter()
+    if args.judge is not None:
+        old = json.loads(args.judge.read_text())
+        report = judged(old["runs"], old["target"], old["duration_s"])
+        report["machine"] = old["machine"]
+    else:
+        report = judged(measure(args), args.target, 0.0)
+        report["duration_s"] = time.perf_counter() - started
+    runs = report["runs"]
+    console = [*text_table(header(runs[0]), [row(run) for run in runs]), "", report["knee"]["text"]]
+    if report["capacity"]:
+        console += ["", *text_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
+    publish(args.out, report, "Fleet capacity", section(report), console)
+    return 0
+
+
+def measure(args: Any) -> list[dict[str, Any]]:
+    """The sweep (up to the knee, unless ``--keep-going``), then the long run."""
     plan = QUICK if args.quick else FULL
     sweep = [int(n) for n in args.ranks.split(",")] if args.ranks else plan.sweep
     step_s = args.step_s or plan.step_s
@@ -453,30 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for ranks in sweep:
         runs.append({"part": "sweep", **run_load(args, ranks, step_s, duration_s)})
-        progress("  " + "  ".join(text_table(HEADER, [row(runs[-1])])[1:]))
+        progress("  " + "  ".join(text_table(header(runs[-1]), [row(runs[-1])])[1:]))
         if runs[-1]["past_knee"] and not args.keep_going:
             break
     if long is not None:
         runs.append({"part": "long", **run_load(args, *long)})
-    sweep_runs = [run for run in runs if run["part"] == "sweep"]
-    found = knee(sweep_runs)
-    basis = next((run for run in sweep_runs if run["ranks"] == found["last_keeping_up"]), None)
-    first = runs[0]["generator"]
-    report = {
-        "machine": machine_info(),
-        "target": args.target,
-        "points_per_request": first["points_per_request"],
-        "request_bytes": first["request_bytes"],
-        "runs": runs,
-        "knee": found,
-        "capacity": capacity(basis) if basis is not None else None,
-        "duration_s": time.perf_counter() - started,
-    }
-    console = [*text_table(HEADER, [row(run) for run in runs]), "", found["text"]]
-    if report["capacity"]:
-        console += ["", *text_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
-    publish(args.out, report, "Fleet capacity", section(report), console)
-    return 0
+    return runs
 
 
 if __name__ == "__main__":
