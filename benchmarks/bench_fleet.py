@@ -227,11 +227,11 @@ def _wait_for_store(
     last query's error ("" if it answered).
     """
     config = load["config"]
-    window_s = time.time() - load["started_unix"] + 5
     found: dict[int, set[int]] = {}
     missing = tiers.missing_steps(found, config["ranks"], config["steps"])
     error = ""
     while True:
+        window_s = time.time() - load["started_unix"] + 5  # from the run's first sample to now
         try:
             found = tiers.steps_in_store(target, config["run_id"], window_s)
         except OSError as exc:  # the store busy or restarting: asked again
@@ -283,7 +283,6 @@ def past_knee(run: dict[str, Any]) -> list[str]:
     """Why the run is past the knee (empty: every point accepted, stored, in time)."""
     reasons: list[str] = []
     load = run["generator"]
-    bytes_ = load["request_bytes"]
     other = {k: v for k, v in load["answers"].items() if k != "2xx"}
     if other:
         reasons.append(f"answers other than 2xx: {other}")
@@ -296,14 +295,16 @@ def past_knee(run: dict[str, Any]) -> list[str]:
         reasons.append(f"the generator fell behind (p99 {load['late_us']['p99']:.0f} µs late)")
     # A step of an agent's ranks still held once the last was accepted: it falls behind.
     ranks_per_agent = run["ranks"] / len(load["config"]["endpoints"])
-    step_held = {"queue_size": ranks_per_agent, "wal_pending_bytes": ranks_per_agent * bytes_}
+    delivered = max(1, load["requests"]["delivered"])
     for tier, figures in run["tiers"].items():
         counts = figures["figures"]
+        logged = counts.get("wal_written_bytes", 0.0) / delivered  # a request in the log
+        step_held = {"queue_size": ranks_per_agent, "wal_pending_bytes": ranks_per_agent * logged}
         for name in ("refused", "failed", "send_failed", "enqueue_failed", "out_of_order"):
             if counts.get(name):
                 reasons.append(f"{tier} {name}: {counts[name]:.0f}")
         for name, held in run["backlog_at_load_end"][tier].items():
-            if held >= step_held[name]:
+            if held and held >= step_held[name]:
                 reasons.append(f"{tier} {name} at the load's end: {held:,.0f}")
     store = run["store"]
     if store["missing"]:
