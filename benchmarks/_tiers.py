@@ -266,6 +266,10 @@ class Sampler:
         self._stop.set()
         self._thread.join(10)
 
+    def first_after(self, at: float) -> Snapshot | None:
+        """The first snapshot taken at or after ``at`` (monotonic), if any."""
+        return next((s for s in list(self.snapshots) if s.at >= at), None)
+
     def peak_backlog(self, tier: str) -> dict[str, float]:
         """The most the tier held not sent on while sampling (:func:`backlog`)."""
         levels = [backlog(s.figures[tier]) for s in self.snapshots]

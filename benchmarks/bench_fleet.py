@@ -1,36 +1,40 @@
 """Fleet capacity: simulated ranks into a stack's agents; each tier's CPU per point; the knee.
 
 Usage: ``nice -n 10 python benchmarks/bench_fleet.py [--target remote-write]
-[--ranks 100,200,...] [--step-s 1] [--duration-s 30] [--quick] [--out PATH]``
-(``--help`` lists the rest). Needs the real servers ``servers/build`` builds.
+[--sweep STEP_S:DURATION_S:RANKS,RANKS,...]... [--wait-quiet-s S] [--quick] [--out PATH]``
+(``--help`` lists the rest; ``--judge REPORT`` judges a saved report's runs again). Needs the
+real servers ``servers/build`` builds.
 
 **A run** (one rank count at one cadence): a fresh stack (``_tiers.TARGETS``); its tiers' CPU
-while idle (``IDLE_S``); then the load generator (``_loadgen.py``, a process of its own)
-drives the ranks for ``duration_s`` (every rank's every step, staggered over the step, each
-request what a real session with that rank's resource sends). While it runs, every tier's CPU
-and own figures are sampled each second (the agents' queue and remote-write log, the store's
-head). Once it has delivered what it could, the store's query API is polled until every
-(rank, step) is there or ``CATCH_UP_S`` passed. The window runs from the load's start to
-then: per tier, CPU seconds (every process's ``utime + stime``), the points the agents
-accepted, and CPU-µs per point; the samples the store holds of the run; what is missing.
+while idle (``--idle-s``); then the load generator (``_loadgen.py``, a process of its own)
+drives the ranks for the sweep's duration (every rank's every step, staggered over the step,
+each request what a real session with that rank's resource sends). While it runs, every tier's
+CPU and own figures are sampled each second (the agents' queue and remote-write log, the
+store's head). Once it has delivered what it could, the store's query API is polled until every
+(rank, step) is there or ``CATCH_UP_S`` passed. The window runs from the load's start to then:
+per tier, CPU seconds (every process's ``utime + stime``), the points the agents accepted, and
+CPU-µs per point; again from the end of the first ``WARM_STEPS`` steps (``steady``: a store
+makes each rank's series at its first step, once per run); the samples the store holds of the
+run; what is missing. The machine is shared: the other processes' CPU in the window is
+reported, and ``--wait-quiet-s`` waits for a quiet machine before each run.
 
-**The knee**: runs at rising rank counts (``--ranks``) until one is past it: anything the
+**The knee**, per cadence: runs at rising rank counts until one is past it: anything the
 generator's answers, the agents' or the store's figures call not accepted (a refused,
 retried, failed or dropped request or point), a rank with more than one request waiting (an
-export slower than its step), an agent's queue or log still holding a step's requests at
-the end, a (rank, step) missing from the store, or the store more than ``CATCH_UP_OK_S``
-behind the last send. A run the generator could not drive on time (its requests made more than
-``_loadgen.LATENESS_WARN_S`` late at p99) says so: its figures are the generator's limit, not
-the stack's.
+export slower than its step), an agent's queue or log still holding a step's requests once the
+last was accepted, a (rank, step) missing from the store, or the store more than
+``CATCH_UP_OK_S`` (or a step) behind the last send. A run the generator could not drive on time
+(its requests made more than ``_loadgen.LATENESS_WARN_S`` late at p99) says so.
 
-**Capacity**, from the per-point CPU of the last run before the knee: ranks per agent core and
-per store core at 1 s, 10 s and 60 s steps (one core's CPU-µs a second over a rank's points a
-second: ``points_per_request / step_s``), and the cores each tier needs per 1,000 and 10,000
-ranks.
+**Capacity** (:func:`capacity`), per tier at 1 s, 10 s and 60 s steps: the per-point CPU of the
+last run that kept up at that cadence (else the nearest measured cadence below), ranks per core
+(one core's CPU-µs a second over a rank's points a second, ``points_per_request / step_s``) and
+the cores per 1,000 and 10,000 ranks.
 
-Output: a table on stdout, JSON at ``--out`` (a temp dir by default) and markdown beside it.
-Full: 100, 150, 200, 250, 300, 400 ranks at 1 s steps for 30 s (stopping at the first past the
-knee), then 2,000 ranks at 10 s steps for 60 s. ``--quick``: 20 ranks, 1 s steps, 10 s.
+Output: tables on stdout, JSON at ``--out`` (a temp dir by default) and markdown beside it.
+Full: 100 to 400 ranks at 1 s steps for 30 s, then 1,000 to 3,000 ranks at 10 s steps for
+120 s, each sweep stopping at its first run past the knee (about 20 minutes on a quiet
+2-core machine). ``--quick``: 20 ranks, 1 s steps, 10 s.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ CATCH_UP_OK_S = 5.0
 """A store that needs longer than this (or than a step) after the last send is behind."""
 POLL_S = 0.5
 QUIET_LOOK_S = 3.0
+WARM_STEPS = 2
+"""Steps after which a run is steady: every rank's series exist in the store."""
 LOG_TAIL = 4000
 """Characters kept of each server's log, for a run past the knee."""
 CADENCES_S = (1.0, 10.0, 60.0)
@@ -75,17 +81,25 @@ FLEETS = (1_000, 10_000)
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """The runs of one invocation: the sweep's rank counts at one cadence, then a long run."""
+class Sweep:
+    """Rising rank counts at one cadence, each run ``duration_s`` long."""
 
-    sweep: tuple[int, ...]
     step_s: float
     duration_s: float
-    long: tuple[int, float, float] | None = None  # ranks, step_s, duration_s
+    ranks: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Sweep:
+        """``STEP_S:DURATION_S:RANKS,RANKS,...`` (``1:30:100,200``)."""
+        step, duration, ranks = text.split(":")
+        return cls(float(step), float(duration), tuple(int(n) for n in ranks.split(",")))
 
 
-FULL = Plan((100, 150, 200, 250, 300, 400), 1.0, 30.0, long=(2_000, 10.0, 60.0))
-QUICK = Plan((20,), 1.0, 10.0)
+FULL = (
+    Sweep(1.0, 30.0, (100, 150, 200, 250, 300, 400)),
+    Sweep(10.0, 120.0, (1_000, 1_500, 2_000, 3_000)),
+)
+QUICK = (Sweep(1.0, 10.0, (20,)),)
 
 
 # ------------------------------------------------------------------ one run
@@ -176,6 +190,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
         "idle": {tier: {"cores": figures["cpu_s"] / args.idle_s} for tier, figures in idle.items()},
         "window_s": after.at - before.at,
         "tiers": tiers.change(before, after),
+        "steady": _steady(sampler, before, after, step_s, steps),
         "machine": {**_machine(before, after, load), "busy_before_cores": busy_before},
         "peaks": {
             tier.name: {
@@ -202,6 +217,25 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
     if run["past_knee"]:
         run["log_tails"] = logs  # what the servers said about it
     return run
+
+
+def _steady(
+    sampler: tiers.Sampler,
+    before: tiers.Snapshot,
+    after: tiers.Snapshot,
+    step_s: float,
+    steps: int,
+) -> dict[str, Any] | None:
+    """The window after the first ``WARM_STEPS`` steps (every series made), or None if short.
+
+    A store makes a rank's series at its first step: that cost comes once per run, not per point.
+    """
+    if steps < 2 * WARM_STEPS:
+        return None
+    warm = sampler.first_after(before.at + WARM_STEPS * step_s)
+    if warm is None or warm.at >= after.at:
+        return None
+    return {"window_s": after.at - warm.at, "tiers": tiers.change(warm, after)}
 
 
 def _machine(
@@ -263,6 +297,15 @@ def costs(run: dict[str, Any]) -> dict[str, Any]:
             "cpu_us_less_idle": 1e6 * max(0.0, cpu - idle) / accepted if accepted else None,
             "cores": cpu / run["window_s"] if run["window_s"] else None,
         }
+    steady = run.get("steady")
+    if steady:
+        steady_accepted = steady["tiers"]["agent"]["figures"].get("accepted", 0.0)
+        for tier, figures in steady["tiers"].items():
+            cpu = figures["cpu_s"]
+            per_point[tier]["cpu_us_steady"] = (
+                1e6 * cpu / steady_accepted if steady_accepted else None
+            )
+            per_point[tier]["cores_steady"] = cpu / steady["window_s"]
     generator = run["generator"]["generator"]
     points = run["generator"]["points_per_request"]
     per_point["generator"] = {
@@ -314,26 +357,40 @@ def past_knee(run: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def capacity(run: dict[str, Any]) -> dict[str, Any]:
-    """Ranks per core of each tier at each cadence, and cores per fleet, from one run's costs."""
-    points = run["generator"]["points_per_request"]
-    out: dict[str, Any] = {"from": {"ranks": run["ranks"], "step_s": run["step_s"]}}
-    for tier, cost in run["per_point"].items():
-        per_point = cost["cpu_us"]
-        if not per_point:
+def capacity(knees: dict[str, dict[str, Any]], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per tier and cadence: CPU-µs per point, ranks per core, cores per 1,000 and 10,000 ranks.
+
+    Each cadence's figures come from the per-point cost (steady, when the run was long
+    enough) of the last run that kept up at that cadence, else at the nearest measured
+    cadence below it (a store's cost per point grows as its points per series fall: then an
+    upper bound on the ranks). A core's CPU-µs a second over a rank's points a second:
+    ``ranks_per_core = 1e6 * step_s / (cpu_us_per_point * points_per_request)``.
+    """
+    by_cadence: dict[float, dict[str, Any]] = {}
+    for run in runs:
+        cadence = knees.get(f"{run['step_s']:g}s")
+        if cadence and run["ranks"] == cadence["last_keeping_up"]:
+            by_cadence[run["step_s"]] = run
+    out: dict[str, Any] = {}
+    for step in CADENCES_S:
+        measured = [cadence for cadence in sorted(by_cadence) if cadence <= step]
+        if not measured:
             continue
-        out[tier] = {
-            "cpu_us_per_point": per_point,
-            "ranks_per_core": {
-                f"{step:g}s": 1e6 * step / (per_point * points) for step in CADENCES_S
-            },
-            "cores_per_ranks": {
-                f"{step:g}s": {
+        basis = by_cadence[measured[-1]]
+        points = basis["generator"]["points_per_request"]
+        for tier, cost in basis["per_point"].items():
+            per_point = cost.get("cpu_us_steady") or cost["cpu_us"]
+            if not per_point:
+                continue
+            out.setdefault(tier, {})[f"{step:g}s"] = {
+                "from": {"ranks": basis["ranks"], "step_s": basis["step_s"]},
+                "steady": bool(cost.get("cpu_us_steady")),
+                "cpu_us_per_point": per_point,
+                "ranks_per_core": 1e6 * step / (per_point * points),
+                "cores_per_ranks": {
                     str(fleet): fleet * points / step * per_point / 1e6 for fleet in FLEETS
-                }
-                for step in CADENCES_S
-            },
-        }
+                },
+            }
     return out
 
 
@@ -388,24 +445,31 @@ def header(run: dict[str, Any]) -> list[str]:
 def capacity_rows(table: dict[str, Any]) -> list[list[str]]:
     """Ranks per core and cores per fleet, per tier and cadence."""
     rows = []
-    for tier, cell in table.items():
-        if tier == "from":
-            continue
-        for step in CADENCES_S:
-            key = f"{step:g}s"
+    for tier, cadences in table.items():
+        for step, cell in cadences.items():
+            basis = cell["from"]
             rows.append(
                 [
                     tier,
-                    key,
+                    step,
                     fmt_opt(cell["cpu_us_per_point"], ".1f"),
-                    fmt_opt(cell["ranks_per_core"][key], ",.0f"),
-                    *(fmt_opt(cell["cores_per_ranks"][key][str(n)], ".2f") for n in FLEETS),
+                    fmt_opt(cell["ranks_per_core"], ",.0f"),
+                    *(fmt_opt(cell["cores_per_ranks"][str(n)], ".2f") for n in FLEETS),
+                    f"{basis['ranks']} ranks at {basis['step_s']:g} s"
+                    + ("" if cell["steady"] else " (whole run)"),
                 ]
             )
     return rows
 
 
-CAPACITY_HEADER = ("tier", "step", "CPU-µs/point", "ranks/core", *(f"cores/{n:,}" for n in FLEETS))
+CAPACITY_HEADER = (
+    "tier",
+    "step",
+    "CPU-µs/point",
+    "ranks/core",
+    *(f"cores/{n:,} ranks" for n in FLEETS),
+    "cost measured in",
+)
 
 
 def section(report: dict[str, Any]) -> list[str]:
@@ -416,16 +480,10 @@ def section(report: dict[str, Any]) -> list[str]:
         "",
         *md_table(header(report["runs"][0]), [row(run) for run in report["runs"]]),
         "",
-        f"Knee: {report['knee']['text']}",
+        *(f"Knee at {step} steps: {found['text']}" for step, found in report["knees"].items()),
     ]
     if report.get("capacity"):
-        basis = report["capacity"]["from"]
-        lines += [
-            "",
-            f"Capacity from the run of {basis['ranks']} ranks at {basis['step_s']:g} s steps:",
-            "",
-            *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"])),
-        ]
+        lines += ["", *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
     lines += ["", "Counts (points, but where said):", ""]
     lines += md_table(COUNTS_HEADER, [counts_row(run) for run in report["runs"]])
     return lines
@@ -491,11 +549,11 @@ def parse_args(argv: list[str] | None = None) -> Any:
     """The command's options."""
     parser = bench_parser(__doc__ or "")
     parser.add_argument("--target", choices=sorted(tiers.TARGETS), default="remote-write")
-    parser.add_argument("--ranks", default=None, help="rank counts to sweep, e.g. 100,200")
-    parser.add_argument("--step-s", type=float, default=None)
-    parser.add_argument("--duration-s", type=float, default=None)
     parser.add_argument(
-        "--long", default=None, help="a run after the sweep: RANKS,STEP_S,DURATION_S ('' none)"
+        "--sweep",
+        action="append",
+        default=None,
+        help="STEP_S:DURATION_S:RANKS,RANKS,... (repeatable; replaces the plan's sweeps)",
     )
     parser.add_argument("--idle-s", type=float, default=IDLE_S, help="idle CPU measured first")
     parser.add_argument("--ranks-per-node", type=int, default=8)
@@ -515,13 +573,14 @@ def parse_args(argv: list[str] | None = None) -> Any:
 
 
 def judged(runs: list[dict[str, Any]], target: str, duration_s: float) -> dict[str, Any]:
-    """The report of ``runs``: each run's costs and verdict, the knee, the capacity."""
+    """The report of ``runs``: each run's costs and verdict, the knee per cadence, capacity."""
     for run in runs:
         run.update(costs(run))
         run["past_knee"] = past_knee(run)
-    sweep_runs = [run for run in runs if run["part"] == "sweep"]
-    found = knee(sweep_runs)
-    basis = next((run for run in sweep_runs if run["ranks"] == found["last_keeping_up"]), None)
+    cadences = sorted({run["step_s"] for run in runs})
+    knees = {
+        f"{step:g}s": knee([run for run in runs if run["step_s"] == step]) for step in cadences
+    }
     first = runs[0]["generator"]
     return {
         "machine": machine_info(),
@@ -529,14 +588,14 @@ def judged(runs: list[dict[str, Any]], target: str, duration_s: float) -> dict[s
         "points_per_request": first["points_per_request"],
         "request_bytes": first["request_bytes"],
         "runs": runs,
-        "knee": found,
-        "capacity": capacity(basis) if basis is not None else None,
+        "knees": knees,
+        "capacity": capacity(knees, runs),
         "duration_s": duration_s,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Sweep, find the knee, derive the capacity, publish (or judge a report's runs again)."""
+    """Sweep, find the knees, derive the capacity, publish (or judge a report's runs again)."""
     args = parse_args(argv)
     started = time.perf_counter()
     if args.judge is not None:
@@ -547,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         report = judged(measure(args), args.target, 0.0)
         report["duration_s"] = time.perf_counter() - started
     runs = report["runs"]
-    console = [*text_table(header(runs[0]), [row(run) for run in runs]), "", report["knee"]["text"]]
+    console = text_table(header(runs[0]), [row(run) for run in runs])
+    console += ["", *(f"{step}: {found['text']}" for step, found in report["knees"].items())]
     if report["capacity"]:
         console += ["", *text_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
     publish(args.out, report, "Fleet capacity", section(report), console)
@@ -555,23 +615,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: Any) -> list[dict[str, Any]]:
-    """The sweep (up to the knee, unless ``--keep-going``), then the long run."""
-    plan = QUICK if args.quick else FULL
-    sweep = [int(n) for n in args.ranks.split(",")] if args.ranks else plan.sweep
-    step_s = args.step_s or plan.step_s
-    duration_s = args.duration_s or plan.duration_s
-    long = plan.long
-    if args.long is not None:
-        ranks_text, step_text, duration_text = (args.long or "0,0,0").split(",")
-        long = (int(ranks_text), float(step_text), float(duration_text)) if args.long else None
+    """Each sweep's runs, rising, up to its knee (past it too with ``--keep-going``)."""
+    sweeps = (
+        [Sweep.parse(text) for text in args.sweep]
+        if args.sweep
+        else (QUICK if args.quick else FULL)
+    )
     runs = []
-    for ranks in sweep:
-        runs.append({"part": "sweep", **run_load(args, ranks, step_s, duration_s)})
-        progress("  " + "  ".join(text_table(header(runs[-1]), [row(runs[-1])])[1:]))
-        if runs[-1]["past_knee"] and not args.keep_going:
-            break
-    if long is not None:
-        runs.append({"part": "long", **run_load(args, *long)})
+    for sweep in sweeps:
+        for ranks in sweep.ranks:
+            runs.append(run_load(args, ranks, sweep.step_s, sweep.duration_s))
+            progress("  " + "  ".join(text_table(header(runs[-1]), [row(runs[-1])])[1:]))
+            if runs[-1]["past_knee"] and not args.keep_going:
+                break
     return runs
 
 

@@ -39,9 +39,10 @@ def test_a_small_load_is_accepted_stored_and_costed_per_tier(tmp_path):
     assert run["past_knee"] == []
     for tier in ("agent", "store"):
         assert run["per_point"][tier]["cpu_us"] > 0
-    table = bench_fleet.capacity(run)
-    per_point = table["agent"]["cpu_us_per_point"]
-    assert table["agent"]["ranks_per_core"]["10s"] == pytest.approx(1e7 / (per_point * points))
+    table = bench_fleet.capacity({"0.5s": bench_fleet.knee([run])}, [run])
+    cell = table["agent"]["10s"]
+    assert cell["from"] == {"ranks": RANKS, "step_s": STEP_S}
+    assert cell["ranks_per_core"] == pytest.approx(1e7 / (cell["cpu_us_per_point"] * points))
 
 
 def test_a_step_missing_from_the_store_is_named():
