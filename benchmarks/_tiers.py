@@ -105,8 +105,54 @@ def remote_write(folder: Path) -> Iterator[Target]:
         )
 
 
+FLEET_AGENTS = 2
+"""Node agents in the fleet target: the simulated nodes' ranks spread over them."""
+
+
+@contextlib.contextmanager
+def fleet(folder: Path) -> Iterator[Target]:
+    """The fleet, as ``async-tee stack --path fleet`` writes it: ``FLEET_AGENTS`` node agents
+    into Thanos (a router, 3 ingesting receivers with replication factor 2, Query, Rule).
+
+    Store tier: the router and the receivers (what ingests); Query and Rule read, and are a
+    tier of their own (``query``), so the store's per-point cost is its write path's."""
+    with servers.run_fleet(folder, nodes=FLEET_AGENTS) as running:
+        store = running.store
+        at = store.addresses
+        writers = [at.router, *at.receivers]
+        yield Target(
+            name="fleet",
+            endpoints=tuple(f"http://{a.settings.otlp_http}/v1/metrics" for a in running.agents),
+            tiers=(
+                Tier(
+                    "agent",
+                    "otelcol",
+                    tuple(Process(a.pid, a.settings.telemetry_port) for a in running.agents),
+                ),
+                Tier(
+                    "store",
+                    "thanos",
+                    tuple(
+                        Process(store.pids[part.name], servers.port_of(part.http))
+                        for part in writers
+                    ),
+                ),
+                Tier(
+                    "query",
+                    "thanos",
+                    tuple(
+                        Process(store.pids[part.name], servers.port_of(part.http))
+                        for part in (at.query, at.rule)
+                    ),
+                ),
+            ),
+            query_port=store.web,
+        )
+
+
 TARGETS: Mapping[str, Callable[[Path], contextlib.AbstractContextManager[Target]]] = {
     "remote-write": remote_write,
+    "fleet": fleet,
 }
 """Every stack a capacity run can start, by name: each a context manager given a folder."""
 
@@ -154,6 +200,28 @@ FIGURES: Mapping[str, tuple[Figure, ...]] = {
             "otlp_requests_ok",
             "prometheus_http_requests_total",
             labels=(("handler", "/api/v1/otlp/v1/metrics"), ("code", "200")),
+        ),
+    ),
+    "thanos": (
+        # Each ingesting receiver's TSDB (a copy each: replication 2 appends every sample twice).
+        Figure("appended", "prometheus_tsdb_head_samples_appended_total"),
+        Figure("out_of_order", "prometheus_tsdb_out_of_order_samples_total"),
+        Figure("head_series", "prometheus_tsdb_head_series", gauge=True),
+        # The router's answers to the agents' OTLP requests and its replication's failures.
+        Figure(
+            "otlp_requests_ok",
+            "http_requests_total",
+            labels=(("handler", "otlp"), ("code", "200")),
+        ),
+        Figure(
+            "replications_failed",
+            "thanos_receive_replications_total",
+            labels=(("result", "error"),),
+        ),
+        Figure(
+            "forwards_failed",
+            "thanos_receive_forward_requests_total",
+            labels=(("result", "error"),),
         ),
     ),
 }

@@ -1,8 +1,8 @@
-"""The capacity harness on the real single-machine stack: a small load, costed and counted.
+"""The capacity harness on the real stacks: a small load, costed and counted.
 
-``benchmarks/bench_fleet.py`` starts the remote-write stack (one Collector, one Prometheus 3),
-drives a few simulated ranks into the Collector and counts, through Prometheus's query API,
-every (rank, step) of the run.
+``benchmarks/bench_fleet.py`` starts a stack (the remote-write one: one Collector, one
+Prometheus 3; the fleet: 2 node agents into Thanos), drives a few simulated ranks into its
+agents and counts, through the store's query API, every (rank, step) of the run.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ RANKS, STEP_S, DURATION_S = 6, 0.5, 2.0
 
 @pytest.mark.slow
 @pytest.mark.servers
-def test_a_small_load_is_accepted_stored_and_costed_per_tier(tmp_path):
-    args = bench_fleet.parse_args(["--idle-s", "1", "--out", str(tmp_path / "fleet.json")])
+@pytest.mark.parametrize("target", ["remote-write", "fleet"])
+def test_a_small_load_is_accepted_stored_and_costed_per_tier(tmp_path, target):
+    out = str(tmp_path / "fleet.json")
+    args = bench_fleet.parse_args(["--idle-s", "1", "--out", out, "--target", target])
     run = bench_fleet.run_load(args, RANKS, STEP_S, DURATION_S)
     steps = round(DURATION_S / STEP_S)
     points = run["generator"]["points_per_request"]
