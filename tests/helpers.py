@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,47 @@ _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_", "OMPI_", "PMI
 def environ_without_launcher() -> dict[str, str]:
     """This process's environment without a launcher's rank variables or any ``OTEL_*``."""
     return {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
+
+
+def pushing_rank_env(to: Any, run: str, rank: int, world: int) -> dict[str, str]:
+    """A rank process's environment: its launcher's variables, its run, an export every second
+    and what ``to`` (a running stack, store or agent) tells its ranks to set."""
+    env = environ_without_launcher()
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        ASYNC_TEE_RUN_ID=run,
+        ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",  # pushed paths: a current sample every second
+    )
+    env.update(to.rank_environment(rank))
+    return env
+
+
+def start_rank_process(env: dict[str, str], log: Path, *argv: str) -> subprocess.Popen[str]:
+    """A rank process stepping every 0.3 s; its stderr (warnings, events) goes to ``log``."""
+    with log.open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *argv],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+
+
+def catalog_names() -> set[str]:
+    """Every sample name the catalog's series have in Prometheus."""
+    from async_tee._declare.prometheus_names import prometheus_sample_names
+    from async_tee.catalog import series_catalog
+
+    return {
+        name
+        for entry in series_catalog()
+        for name in prometheus_sample_names(entry.name, entry.kind, entry.unit)
+    }
 
 
 def stop_stepping(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:

@@ -150,6 +150,16 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, what: s
     raise RuntimeError(f"{what} never listened on {port}:\n{log.read_text()[-3000:]}")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a server: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def server(argv: list[str], port: int, log: Path, what: str) -> Iterator[int]:
     """Run ``argv`` (its output to ``log``) until the block ends; yields its pid once ``port``
@@ -160,12 +170,7 @@ def server(argv: list[str], port: int, log: Path, what: str) -> Iterator[int]:
         _wait_listening(port, proc, log, what)
         yield proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +183,8 @@ class RunningStack:
     folder: Path
     pids: dict[str, int]  # "prometheus", and "otelcol" on a Collector path
 
-    def rank_environment(self) -> dict[str, str]:
+    def rank_environment(self, rank: int = 0) -> dict[str, str]:
+        """What each rank sets to export on this path (the same for every rank)."""
         return stack.rank_environment(self.path, self.addresses)
 
 
@@ -375,7 +381,7 @@ class RunningStore:
     def remote_write_url(self) -> str:
         return self.addresses.remote_write_url
 
-    def rank_environment(self) -> dict[str, str]:
+    def rank_environment(self, rank: int = 0) -> dict[str, str]:
         """What a rank sets to export to the store itself (no agent): OTLP/HTTP to the router."""
         return {
             "OTEL_METRICS_EXPORTER": "otlp",
@@ -400,19 +406,10 @@ def _start_thanos(argv: list[str], http: int, log: Path, what: str) -> subproces
     deadline = time.monotonic() + 30
     while not _ready(http):
         if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
+            stop(proc)
             raise RuntimeError(f"{what} never became ready:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)  # polling an external server's start
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _query_sees(web: int, grpc_addresses: set[str]) -> bool:
@@ -483,7 +480,7 @@ def run_store(folder: Path, thresholds: AlertThresholds | None = None) -> Iterat
         )
     finally:
         for proc in reversed(procs.values()):
-            _stop(proc)
+            stop(proc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -494,7 +491,7 @@ class RunningAgent:
     folder: Path
     pid: int
 
-    def rank_environment(self) -> dict[str, str]:
+    def rank_environment(self, rank: int = 0) -> dict[str, str]:
         """What each rank of the agent's node sets (the fleet's ``ranks.env``, local ports)."""
         return {
             "OTEL_METRICS_EXPORTER": "otlp",
@@ -538,6 +535,10 @@ class RunningFleet:
     @property
     def web(self) -> int:
         return self.store.web
+
+    def rank_environment(self, rank: int = 0) -> dict[str, str]:
+        """What rank ``rank`` sets: it runs on node ``rank % nodes``, and exports to its agent."""
+        return self.agents[rank % len(self.agents)].rank_environment()
 
 
 @contextlib.contextmanager

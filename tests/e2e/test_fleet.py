@@ -2,12 +2,12 @@
 
 As ``async-tee stack --path fleet`` writes it (``servers.run_fleet``): rank processes export
 OTLP/HTTP to their node's agent, which keeps what it accepted on disk and forwards it to the
-store's router, which sends each series to 2 of the 3 ingesting receivers. Read back through
-Thanos Query as from a Prometheus: every catalog name, every dashboard query for one run and
-rank of 4 ranks of 2 runs on 2 nodes, the alert rules firing through Thanos Rule for the rank
-that earned them, one receiver killed mid-run with no step of any rank lost, and an agent
-killed while the store is away with no step lost either. And the store takes Prometheus remote
-write: the Collector of the ``remote-write`` path writes to it as to Prometheus 3.
+store's router, which sends each series to 2 of the 3 ingesting receivers. What every path is
+held to (every catalog name, every dashboard query, every alert rule) is proven on the fleet
+too, in tests/e2e/test_paths.py; here, what only the fleet has: the replicas, one receiver
+killed mid-run with no step of any rank lost, and an agent killed while the store is away with
+no step lost either. And the store takes Prometheus remote write: the Collector of the
+``remote-write`` path writes to it as to Prometheus 3.
 """
 
 from __future__ import annotations
@@ -17,25 +17,25 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
+from helpers import (
+    end_ranks,
+    pushing_rank_env,
+    start_rank_process,
+    stop_stepping,
+)
 
-from async_tee import alerts, stack
-from async_tee._declare.prometheus_names import prometheus_sample_names
-from async_tee.catalog import series_catalog
+from async_tee import stack
 from servers import (
     STORE_RECEIVERS,
     STORE_REPLICATION,
     RunningAgent,
     RunningStack,
     agent_settings,
-    dashboard_for,
-    firing_and_pending,
     get,
     metric_samples,
     own_counters,
@@ -56,25 +56,7 @@ def start_rank(
     to: RunningAgent | RunningStack, run: str, rank: int, world: int, log: Path, *argv: str
 ) -> subprocess.Popen[str]:
     """A rank process exporting every second, to its node's agent or a stack; stderr to ``log``."""
-    env = environ_without_launcher()
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        ASYNC_TEE_RUN_ID=run,
-        ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-    )
-    env.update(to.rank_environment())
-    with log.open("w") as err:
-        return subprocess.Popen(
-            [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *argv],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    return start_rank_process(pushing_rank_env(to, run, rank, world), log, *argv)
 
 
 def replicas(web: int, expr: str) -> list[dict[str, Any]]:
@@ -85,132 +67,6 @@ def replicas(web: int, expr: str) -> list[dict[str, Any]]:
 
 def _labels_of(rows: list[dict[str, Any]], label: str) -> set[str]:
     return {row["metric"][label] for row in rows if label in row["metric"]}
-
-
-@pytest.mark.timeout(150)
-def test_a_run_reads_back_from_the_store_as_from_prometheus(tmp_path):
-    pytest.importorskip("grafana_foundation_sdk")
-    procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
-    with run_fleet(tmp_path, nodes=2) as fleet:
-        web = fleet.web
-        try:
-            for run, offset in RUNS.items():
-                for rank in range(2):  # rank r of each run on node r
-                    log = tmp_path / f"{run}-{rank}.log"
-                    procs[(run, rank)] = start_rank(
-                        fleet.agents[rank], run, rank, 2, log, "--reward-offset", str(offset)
-                    )
-            runs = 'target_info{rl_run_id=~"run-."}'
-            every = f"count(rl_reward_mean * on (job, instance) group_left () {runs})"
-            seen = wait_for_query(web, every, lambda r: r and float(r[0]["value"][1]) == 4)
-            assert seen, f"not all 4 ranks arrived ({seen})"
-            filled = wait_for_query(
-                web,
-                "count(rate(async_tee_lag_milliseconds_count[1m]) > 0)",
-                lambda r: r and float(r[0]["value"][1]) == 4,
-            )
-            assert filled, "rates over 1m never covered every rank"
-            watched = wait_for_query(  # the stall watchdog's thread: two samples a rank
-                web,
-                "count(count_over_time(rl_rollout_committed_total[1m]) > 1)",
-                lambda r: r and float(r[0]["value"][1]) == 4,
-            )
-            assert watched, "the watchdog's series never reached every rank"
-
-            # The names the store holds are the catalog's: its OTLP translation is Prometheus's.
-            held = query(web, 'group by (__name__) ({__name__=~"(rl|async_tee)_.+"})')
-            names = {row["metric"]["__name__"] for row in held}
-            catalog = {
-                name
-                for entry in series_catalog()
-                for name in prometheus_sample_names(entry.name, entry.kind, entry.unit)
-            }
-            assert names == catalog, (names - catalog, catalog - names)
-
-            # Every dashboard query, for run-b's rank 1: data, and only that run's and rank's
-            # (polled to a deadline, all at once: a rank's later series may be on their way).
-            deadline = time.monotonic() + 30
-            while True:
-                empty, foreign = dashboard_for(web, {"run": "run-b", "rank": "1"})
-                if not empty or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)  # polling an external server, not waiting for our worker
-            assert not empty, f"queries with no data: {empty}"
-            assert not foreign, f"queries with another run's or rank's series: {foreign}"
-            lens = 'rl_reward_mean{service_name="rank_process", nemo_run_id="run-b"}'
-            rows = query(web, lens)  # NeMo-Lens's selector: resource attributes on every series
-            assert {r["metric"].get("dl_rank") for r in rows} == {"0", "1"}, rows
-            assert sorted(float(r["value"][1]) for r in rows) == [100.25, 101.25]
-
-            # Each series is held by STORE_REPLICATION receivers, and every receiver holds some.
-            held_by: dict[str, set[str]] = {}
-            for row in replicas(web, '{__name__=~"rl_.+", rl_run_id=~"run-."}'):
-                labels = {k: v for k, v in row["metric"].items() if k != "receive_replica"}
-                key = json.dumps(labels, sort_keys=True)
-                held_by.setdefault(key, set()).add(row["metric"]["receive_replica"])
-            assert {len(r) for r in held_by.values()} == {STORE_REPLICATION}
-            receivers = {f"receive-{i}" for i in range(STORE_RECEIVERS)}
-            assert set().union(*held_by.values()) == receivers
-            reports = stop_stepping(procs)
-        finally:
-            ends = end_ranks(procs)
-    for key, report in reports.items():
-        assert report["exporting"], key
-        assert report["stats"]["exports"]["failure"] == 0, (key, report["stats"]["exports"])
-    assert all(ends.values()), ends  # every rank delivered to the end
-
-
-@pytest.mark.timeout(150)
-def test_the_alerts_fire_through_thanos_rule_for_the_rank_that_earned_them(tmp_path):
-    """One run of 4 ranks, as on the four paths: 0 healthy; 1 stops stepping after 3 steps;
-    2 logs one NaN; 3 is killed once it has exported. Thanos Rule, reading through Query, fires
-    stuck and rollout-idle for rank 1, non-finite for rank 2, rank-gone for rank 3, and
-    nothing for rank 0; Query serves the alerts."""
-    thresholds = alerts.AlertThresholds(
-        stuck_after_s=5, rollout_idle_s=5, rank_silent_s=3, for_multiplier=2 / 300
-    )
-    argv = {
-        0: ["--nan-step", "0"],
-        1: ["--nan-step", "0", "--steps", "3"],
-        2: ["--nan-step", "2"],
-        3: ["--nan-step", "0"],
-    }
-    procs: dict[int, subprocess.Popen[str]] = {}
-    firing: set[tuple[str, str]] = set()
-    with run_fleet(tmp_path, nodes=2, thresholds=thresholds) as fleet:
-        web = fleet.web
-        try:
-            for rank, extra in argv.items():
-                log = tmp_path / f"rank-{rank}.log"
-                procs[rank] = start_rank(fleet.agents[rank % 2], "run-a", rank, 4, log, *extra)
-            assert procs[1].stdout is not None
-            assert json.loads(procs[1].stdout.readline())["steps"] == 3  # its steps are done
-            assert wait_for_query(web, 'target_info{rl_rank="3"}', bool), "rank 3 never exported"
-            procs[3].kill()
-            wanted = {
-                ("RLTrainerStuck", "1"),
-                ("RLRolloutIdle", "1"),
-                ("RLNonFiniteValues", "2"),
-                ("RLRankGone", "3"),
-            }
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not wanted <= firing:
-                with contextlib.suppress(OSError):
-                    for alert in firing_and_pending(web):
-                        key = (alert["labels"]["alertname"], alert["labels"].get("rl_rank", ""))
-                        if alert["state"] == "firing":
-                            firing.add(key)
-                        assert key[1] != "0", f"the healthy rank alerted: {alert}"
-                time.sleep(0.2)  # polling an external server, not waiting for our worker
-            for rank in (0, 2):
-                stdin = procs[rank].stdin
-                assert stdin is not None
-                stdin.write("stop\n")
-                stdin.flush()
-        finally:
-            ends = end_ranks(procs)
-    assert wanted <= firing, firing
-    assert {ends[rank] for rank in (0, 1, 2)} == {True}, ends
 
 
 def _steps_held(rows: list[dict[str, Any]]) -> dict[str, set[float]]:
@@ -243,6 +99,15 @@ def test_a_receiver_killed_mid_run_loses_no_step(tmp_path):
                 procs[rank] = start_rank(fleet.agents[rank], "crash", rank, 2, log)
             first = wait_for_query(web, rank_0, bool)
             assert first, "rank 0's steps never arrived"
+            # Each series is held by STORE_REPLICATION receivers, and every receiver holds some.
+            held_by: dict[str, set[str]] = {}
+            for row in replicas(web, '{__name__=~"rl_.+", rl_run_id="crash"}'):
+                labels = {k: v for k, v in row["metric"].items() if k != "receive_replica"}
+                key = json.dumps(labels, sort_keys=True)
+                held_by.setdefault(key, set()).add(row["metric"]["receive_replica"])
+            assert {len(r) for r in held_by.values()} == {STORE_REPLICATION}
+            receivers = {f"receive-{i}" for i in range(STORE_RECEIVERS)}
+            assert set().union(*held_by.values()) == receivers
             holders = _labels_of(replicas(web, rank_0), "receive_replica")
             assert len(holders) == STORE_REPLICATION, holders
             killed = min(holders)

@@ -14,19 +14,23 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import RANK_PROCESS, end_ranks, environ_without_launcher, stop_stepping
+from helpers import (
+    catalog_names,
+    end_ranks,
+    pushing_rank_env,
+    start_rank_process,
+    stop_stepping,
+)
 
 from async_tee import alerts, stack
-from async_tee._declare.prometheus_names import prometheus_sample_names
-from async_tee.catalog import series_catalog
 from servers import (
+    RunningFleet,
     RunningStack,
     dashboard_for,
     firing_and_pending,
@@ -34,6 +38,7 @@ from servers import (
     local_addresses,
     own_counters,
     query,
+    run_fleet,
     run_stack,
     wait_for_query,
 )
@@ -44,17 +49,27 @@ RUNS = {"run-a": 0.0, "run-b": 100.0}  # each run's reward offset: its values ar
 RANKS = 2
 
 
-def rank_env(running: RunningStack, run: str, rank: int, base: int | None) -> dict[str, str]:
-    env = environ_without_launcher()
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(RANKS),
-        ASYNC_TEE_RUN_ID=run,
-        ASYNC_TEE_MIN_EXPORT_INTERVAL="0",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",  # pushed paths: a current sample every second
-    )
-    env.update(running.rank_environment())
+EVERY_PATH = (*stack.PATHS, "fleet")
+"""The four paths to one Prometheus, and the fleet (2 node agents into Thanos)."""
+
+
+def _running(
+    path: str,
+    folder: Path,
+    addresses: stack.StackAddresses,
+    thresholds: alerts.AlertThresholds | None = None,
+) -> contextlib.AbstractContextManager[RunningStack | RunningFleet]:
+    """The stack of ``path`` from its generated configs; the fleet's with 2 node agents (rank
+    r on node r % 2)."""
+    if path == "fleet":
+        return run_fleet(folder, nodes=2, thresholds=thresholds)
+    return run_stack(path, folder, addresses, thresholds)
+
+
+def rank_env(
+    running: RunningStack | RunningFleet, run: str, rank: int, base: int | None
+) -> dict[str, str]:
+    env = pushing_rank_env(running, run, rank, RANKS)
     if base is not None:
         env.update(
             ASYNC_TEE_PROMETHEUS_BASE_PORT=str(base), OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1"
@@ -62,29 +77,11 @@ def rank_env(running: RunningStack, run: str, rank: int, base: int | None) -> di
     return env
 
 
-def start_rank(env: dict[str, str], log: Path, *argv: str) -> subprocess.Popen[str]:
-    """A rank process; its stderr (async_tee's warnings, its events) goes to ``log``."""
-    with log.open("w") as err:
-        return subprocess.Popen(
-            [sys.executable, str(RANK_PROCESS), "--step-seconds", "0.3", *argv],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-
-
-def _catalog_names() -> set[str]:
-    return {
-        name
-        for entry in series_catalog()
-        for name in prometheus_sample_names(entry.name, entry.kind, entry.unit)
-    }
+start_rank = start_rank_process
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("path", stack.PATHS)
+@pytest.mark.parametrize("path", EVERY_PATH)
 def test_every_query_on_every_path_finds_its_run_and_rank_only(path, tmp_path):
     dashboard = pytest.importorskip("async_tee.dashboard")  # the reward query below
     pytest.importorskip("grafana_foundation_sdk")
@@ -93,7 +90,7 @@ def test_every_query_on_every_path_finds_its_run_and_rank_only(path, tmp_path):
         f"127.0.0.1:{base + rank}" for base in bases.values() if base for rank in range(RANKS)
     )
     procs: dict[tuple[str, int], subprocess.Popen[str]] = {}
-    with run_stack(path, tmp_path, local_addresses(targets)) as running:
+    with _running(path, tmp_path, local_addresses(targets)) as running:
         web = running.web
         try:
             for run, offset in RUNS.items():
@@ -121,7 +118,7 @@ def test_every_query_on_every_path_finds_its_run_and_rank_only(path, tmp_path):
             # One name per series on every path: what the server holds is the catalog's.
             held = query(web, 'group by (__name__) ({__name__=~"(rl|async_tee)_.+"})')
             names = {row["metric"]["__name__"] for row in held}
-            catalog = _catalog_names()
+            catalog = catalog_names()
             assert names <= catalog, f"{path}: names not in the catalog: {names - catalog}"
             assert catalog <= names, f"{path}: catalog names never seen: {catalog - names}"
 
@@ -167,7 +164,7 @@ def _events(log: Path) -> dict[str, float]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("path", stack.PATHS)
+@pytest.mark.parametrize("path", EVERY_PATH)
 def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_path):
     """One run of 4 ranks: 0 healthy; 1 stops stepping after 3 steps (still exporting); 2 logs
     one NaN ``grad_norm``; 3 is killed (SIGKILL) once it has exported. Stuck and rollout-idle
@@ -190,7 +187,7 @@ def test_the_alerts_fire_for_the_rank_that_earned_them_on_every_path(path, tmp_p
     argv[3] = ["--nan-step", "0"]
     procs: dict[int, subprocess.Popen[str]] = {}
     seen: dict[tuple[str, str], float] = {}  # (alert, rank) -> when first seen firing
-    with run_stack(path, tmp_path, addresses, thresholds) as running:
+    with _running(path, tmp_path, addresses, thresholds) as running:
         web = running.web
         try:
             for rank, extra in argv.items():
