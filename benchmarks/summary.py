@@ -27,6 +27,16 @@ START = "<!-- bench-summary:start -->"
 END = "<!-- bench-summary:end -->"
 HEADLINE_START = "<!-- bench-headline:start -->"
 HEADLINE_END = "<!-- bench-headline:end -->"
+CAPACITY_START = "<!-- bench-capacity:start -->"
+CAPACITY_END = "<!-- bench-capacity:end -->"
+CAPACITY_JSON = {  # bench_fleet.py's full run of each stack, as published
+    "remote-write": HERE / "results" / "capacity-remote-write.json",
+    "fleet": HERE / "results" / "capacity-fleet.json",
+}
+_STACK_NAMES = {
+    "remote-write": "one Collector -> Prometheus 3",
+    "fleet": "node agents -> Thanos (3 receivers, replication 2)",
+}
 
 Row = tuple[str, str, str]
 
@@ -265,6 +275,45 @@ def headline(results: dict[str, Any]) -> str:
     )
 
 
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def render_capacity(reports: dict[str, dict[str, Any]]) -> str:
+    """The README's capacity table: per stack and tier, the CPU a point costs and the ranks a
+    core takes at each cadence, and the cores 1,000 and 10,000 ranks at 10 s steps need; then
+    each stack's knees and largest run, counted in its store."""
+    lines = [
+        "| stack | tier | CPU-µs a point | ranks a core at 1 s / 10 s / 60 s steps "
+        "| cores for 1,000 / 10,000 ranks at 10 s |",
+        "|---|---|---|---|---|",
+    ]
+    notes = []
+    for name, report in reports.items():
+        for tier in ("agent", "store"):
+            cells = report["capacity"].get(tier)
+            if not cells:
+                continue
+            at10 = cells["10s"]
+            per_core = " / ".join(_n(cells[f"{s}s"]["ranks_per_core"]) for s in (1, 10, 60))
+            cores = at10["cores_per_ranks"]
+            lines.append(
+                f"| {_STACK_NAMES.get(name, name)} | {tier} | {at10['cpu_us_per_point']:.1f} | "
+                f"{per_core} | {cores['1000']:.2g} / {cores['10000']:.2g} |"
+            )
+        largest = max(report["runs"], key=lambda run: run["ranks"] * run["steps"])
+        store = largest["store"]
+        knees = "; ".join(f"{step} steps: {knee['text']}" for step, knee in report["knees"].items())
+        notes.append(
+            f"- {_STACK_NAMES.get(name, name)} ({report['points_per_request']} points a rank "
+            f"step): {knees} Largest run: {largest['ranks']:,} ranks x {largest['steps']} steps "
+            f"of {largest['step_s']:g} s, {store['present']:,} of "
+            f"{largest['ranks'] * largest['steps']:,} (rank, step) in the store, "
+            f"{store['missing']} missing."
+        )
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
 def block(readme: str, start_marker: str = START, end_marker: str = END) -> str:
     """The text between the markers (the generated table), or ValueError without them."""
     start, end = readme.find(start_marker), readme.find(end_marker)
@@ -291,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     text = replace(args.readme.read_text(), render(results))
     text = replace(text, headline(results), HEADLINE_START, HEADLINE_END)
+    capacity = {k: json.loads(p.read_text()) for k, p in CAPACITY_JSON.items() if p.exists()}
+    if capacity:
+        text = replace(text, render_capacity(capacity), CAPACITY_START, CAPACITY_END)
     args.readme.write_text(text)
     print(f"rewrote the benchmark summary in {args.readme}")
     return 0

@@ -404,3 +404,19 @@ def test_the_readme_and_the_semantics_carry_no_history_or_figures(path):
     text = path.read_text()
     found = [m.group(0) for p in _NOT_IN_THE_CONTRACT for m in re.finditer(p, text)]
     assert not found, found
+
+
+def test_readme_capacity_table_is_generated_from_each_stacks_full_fleet_run():
+    summary = _load_summary()
+    reports = {name: json.loads(path.read_text()) for name, path in summary.CAPACITY_JSON.items()}
+    assert set(reports) == {"remote-write", "fleet"}  # both stacks measured, published
+    assert summary.block(
+        README.read_text(), summary.CAPACITY_START, summary.CAPACITY_END
+    ) == summary.render_capacity(reports), (
+        "the README's capacity table is not render_capacity(results/capacity-*.json): "
+        "run `python benchmarks/summary.py`"
+    )
+    fleet = reports["fleet"]
+    counted = [run for run in fleet["runs"] if run["ranks"] >= 2000 and run["step_s"] == 10]
+    assert counted, "no run of 2,000 ranks at 10 s steps in the fleet's report"
+    assert counted[0]["store"]["missing"] == 0  # every rank's every step in the store
