@@ -40,6 +40,7 @@ PACKAGE = Path(async_tee.__file__).parent
 ROOT = PACKAGE.parent
 README = ROOT / "README.md"
 SEMANTICS = ROOT / "docs" / "semantics.md"
+GUARANTEES = ROOT / "docs" / "guarantees.md"
 LATEST_JSON = ROOT / "benchmarks" / "results" / "latest.json"
 SUMMARY = ROOT / "benchmarks" / "summary.py"
 
@@ -329,29 +330,32 @@ def _github_anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def test_the_readmes_links_into_the_semantics_resolve():
+def test_the_links_into_the_semantics_resolve():
     semantics = SEMANTICS.read_text()
     anchors = {_github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", semantics, re.M)}
     anchors |= set(re.findall(r'<a id="([^"]+)"></a>', semantics))
     links = re.findall(r"docs/semantics\.md#([\w-]+)", README.read_text())
-    assert links, "the README links to no section of docs/semantics.md"
+    links += re.findall(r"\]\(semantics\.md#([\w-]+)", GUARANTEES.read_text())
+    assert links, "nothing links to a section of docs/semantics.md"
     assert set(links) <= anchors, sorted(set(links) - anchors)
 
 
 def test_every_guarantee_row_links_to_its_section():
     rows = [
         line
-        for line in _section(README.read_text(), "Guarantees").splitlines()
+        for line in GUARANTEES.read_text().splitlines()
         if line.startswith("| ") and not line.startswith(("| guarantee", "| ---"))
     ]
     assert rows
-    assert all("](docs/semantics.md#" in row for row in rows), [
-        row[:60] for row in rows if "](docs/semantics.md#" not in row
+    assert all("](semantics.md#" in row for row in rows), [
+        row[:60] for row in rows if "](semantics.md#" not in row
     ]
+    assert "docs/guarantees.md" in _section(README.read_text(), "Guarantees")
 
 
-def test_every_test_the_readme_names_exists():
-    named = re.findall(r"`((?:\w+/)?test_\w+\.py)::(test_\w+)", README.read_text())
+def test_every_test_the_docs_name_exists():
+    text = README.read_text() + GUARANTEES.read_text()
+    named = re.findall(r"`((?:\w+/)?test_\w+\.py)::(test_\w+)", text)
     assert named
     missing = [
         f"{module}::{name}"
@@ -399,7 +403,7 @@ _NOT_IN_THE_CONTRACT = (
 )
 
 
-@pytest.mark.parametrize("path", [README, SEMANTICS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [README, SEMANTICS, GUARANTEES], ids=lambda p: p.name)
 def test_the_readme_and_the_semantics_carry_no_history_or_figures(path):
     text = path.read_text()
     found = [m.group(0) for p in _NOT_IN_THE_CONTRACT for m in re.finditer(p, text)]
