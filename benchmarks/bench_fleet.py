@@ -33,9 +33,9 @@ last run that kept up at that cadence (else the nearest measured cadence below),
 the cores per 1,000 and 10,000 ranks.
 
 Output: tables on stdout, JSON at ``--out`` (a temp dir by default) and markdown beside it.
-Full: 100 to 400 ranks at 1 s steps for 30 s, then 1,000 to 3,000 ranks at 10 s steps for
-120 s, each sweep stopping at its first run past the knee (about 20 minutes on a quiet
-2-core machine). ``--quick``: 20 ranks, 1 s steps, 10 s.
+Full: 100 to 400 ranks at 1 s steps for 30 s, 1,000 to 3,000 ranks at 10 s steps for 120 s,
+each sweep stopping at its first run past the knee, then 2,000 ranks at 60 s steps for 300 s
+(about 30 minutes on a quiet 2-core machine). ``--quick``: 20 ranks, 1 s steps, 10 s.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class Sweep:
 FULL = (
     Sweep(1.0, 30.0, (100, 150, 200, 250, 300, 400)),
     Sweep(10.0, 120.0, (1_000, 1_500, 2_000, 3_000)),
+    Sweep(60.0, 300.0, (2_000,)),
 )
 QUICK = (Sweep(1.0, 10.0, (20,)),)
 
