@@ -375,17 +375,29 @@ def missing_steps(found: Mapping[int, set[int]], ranks: int, steps: int) -> list
     return [(r, s) for r in range(ranks) for s in sorted(expected - found.get(r, set()))]
 
 
-def samples_in_store(target: Target, run_id: str, window_s: float) -> int:
-    """Every sample the store holds of run ``run_id``'s series (the last ``window_s``)."""
+SAMPLES_QUERY_TIMEOUT_S = 120.0
+"""A count over every series of a run of thousands of ranks takes Thanos Query tens of seconds."""
+
+
+def samples_in_store(target: Target, run_id: str, window_s: float) -> int | None:
+    """Every sample the store holds of run ``run_id``'s series (the last ``window_s``); None
+    when the store could not say in time (a figure beside the (rank, step) count, not it)."""
     selector = f'{{{target.run_label}="{run_id}"}}'
     window = f"[{max(1, int(window_s))}s]"
-    # Per name: count_over_time drops it, and two series left with one label set fail a query.
-    names = [
-        series["metric"]["__name__"]
-        for series in servers.query(target.query_port, f"group by (__name__) ({selector})")
-    ]
-    total = 0
-    for name in names:
-        result = servers.query(target.query_port, f"sum(count_over_time({name}{selector}{window}))")
-        total += int(float(result[0]["value"][1])) if result else 0
+    timeout = SAMPLES_QUERY_TIMEOUT_S
+    try:
+        # Per name: count_over_time drops it, and two series left with one label set fail.
+        names = [
+            series["metric"]["__name__"]
+            for series in servers.query(
+                target.query_port, f"group by (__name__) ({selector})", timeout
+            )
+        ]
+        total = 0
+        for name in names:
+            expr = f"sum(count_over_time({name}{selector}{window}))"
+            result = servers.query(target.query_port, expr, timeout)
+            total += int(float(result[0]["value"][1])) if result else 0
+    except OSError:  # a timeout included
+        return None
     return total

@@ -528,7 +528,7 @@ def counts_row(run: dict[str, Any]) -> list[str]:
         f"{agent.get('refused', 0):,.0f}",
         f"{agent.get('sent', 0):,.0f}",
         f"{store.get('appended', 0):,.0f}",
-        f"{run['store']['samples_of_run']:,}",
+        "?" if run["store"]["samples_of_run"] is None else f"{run['store']['samples_of_run']:,}",
         f"{run['store']['present']:,} / {run['store']['missing']:,}",
     ]
 

@@ -108,16 +108,16 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no run of free ports found")
 
 
-def get(port: int, path: str, **params: str) -> Any:
+def get(port: int, path: str, timeout_s: float = 10.0, **params: str) -> Any:
     url = f"http://127.0.0.1:{port}{path}"
     if params:
         url += "?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.load(response)["data"]
 
 
-def query(port: int, expr: str) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = get(port, "/api/v1/query", query=expr)["result"]
+def query(port: int, expr: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = get(port, "/api/v1/query", timeout_s, query=expr)["result"]
     return result
 
 
