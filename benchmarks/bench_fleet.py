@@ -182,7 +182,7 @@ def run_load(args: Any, ranks: int, step_s: float, duration_s: float) -> dict[st
             sent_at = time.monotonic()
             time.sleep(BATCH_GRACE_S)  # a fleet agent's batch may wait this long to fill
             loaded = tiers.snapshot(target)
-            found, missing, query_error = _wait_for_store(target, load, sent_at)
+            found, missing, query_error = _wait_for_store(target, load, sent_at, args.catch_up_s)
             caught_up_s = time.monotonic() - sent_at
             after = tiers.snapshot(target)
         window_s = time.time() - started["unix"] + 5
@@ -263,9 +263,9 @@ def _machine(
 
 
 def _wait_for_store(
-    target: tiers.Target, load: dict[str, Any], sent_at: float
+    target: tiers.Target, load: dict[str, Any], sent_at: float, catch_up_s: float = CATCH_UP_S
 ) -> tuple[dict[int, set[int]], list[tuple[int, int]], str]:
-    """Poll the store until every (rank, step) is there, or ``CATCH_UP_S`` passed.
+    """Poll the store until every (rank, step) is there, or ``catch_up_s`` passed.
 
     Returns what was found, what is missing (all of it until a query answered) and the
     last query's error ("" if it answered).
@@ -285,7 +285,7 @@ def _wait_for_store(
             missing = tiers.missing_steps(found, config["ranks"], config["steps"])
             if not missing:
                 return found, missing, error
-        if time.monotonic() - sent_at > CATCH_UP_S:
+        if time.monotonic() - sent_at > catch_up_s:
             return found, missing, error
         time.sleep(POLL_S)  # polling an external server
 
@@ -569,6 +569,13 @@ def parse_args(argv: list[str] | None = None) -> Any:
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16, help="per agent")
     parser.add_argument("--drain-s", type=float, default=30.0)
+    parser.add_argument(
+        "--catch-up-s",
+        type=float,
+        default=CATCH_UP_S,
+        help="how long the store may take to hold every (rank, step) after the last send "
+        "(a run past the knee: wait it out to count what was kept)",
+    )
     parser.add_argument("--keep-going", action="store_true", help="run past the knee too")
     parser.add_argument(
         "--judge", type=Path, default=None, help="judge a report's runs again (no run)"
