@@ -317,7 +317,10 @@ def test_32_ranks_through_one_collector_every_step_of_every_rank_arrives(tmp_pat
         missing = set(map(float, range(STEPS + 1))) - by_rank[str(rank)]  # 0: the set-up call
         exports = report["stats"]["exports"]
         assert len(missing) == steps["coalesced"], (rank, missing, steps, exports, own, counts)
-        assert steps["exported"] + steps["coalesced"] == steps["completed"], (rank, steps)
+        # Reported before the session ends: the newest step may still wait for its export
+        # (the final one carries it), so at most one step is neither exported nor folded yet.
+        waiting = steps["completed"] - steps["exported"] - steps["coalesced"]
+        assert waiting in (0, 1), (rank, steps)
     coalesced = sum(report["stats"]["steps"]["coalesced"] for report in reports.values())
     sent = "otelcol_exporter_sent_metric_points_total/"
     assert counts[sent + "debug"] == counts[sent + "prometheus_remote_write"] == accepted
