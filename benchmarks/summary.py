@@ -303,10 +303,12 @@ def render_capacity(reports: dict[str, dict[str, Any]]) -> str:
             )
         largest = max(report["runs"], key=lambda run: run["ranks"] * run["steps"])
         store = largest["store"]
-        knees = "; ".join(f"{step} steps: {knee['text']}" for step, knee in report["knees"].items())
+        knees = "; ".join(
+            f"{step} steps: {knee['text'].rstrip('.')}" for step, knee in report["knees"].items()
+        )
         notes.append(
             f"- {_STACK_NAMES.get(name, name)} ({report['points_per_request']} points a rank "
-            f"step): {knees} Largest run: {largest['ranks']:,} ranks x {largest['steps']} steps "
+            f"step): {knees}. Largest run: {largest['ranks']:,} ranks x {largest['steps']} steps "
             f"of {largest['step_s']:g} s, {store['present']:,} of "
             f"{largest['ranks'] * largest['steps']:,} (rank, step) in the store, "
             f"{store['missing']} missing."
