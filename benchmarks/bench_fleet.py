@@ -2,8 +2,8 @@
 
 Usage: ``nice -n 10 python benchmarks/bench_fleet.py [--target remote-write]
 [--sweep STEP_S:DURATION_S:RANKS,RANKS,...]... [--wait-quiet-s S] [--quick] [--out PATH]``
-(``--help`` lists the rest; ``--judge REPORT`` judges a saved report's runs again). Needs the
-real servers ``servers/build`` builds.
+(``--help`` lists the rest; ``--judge REPORT ...`` judges saved reports' runs again, as one).
+Needs the real servers ``servers/build`` builds.
 
 **A run** (one rank count at one cadence): a fresh stack (``_tiers.TARGETS``); its tiers' CPU
 while idle (``--idle-s``); then the load generator (``_loadgen.py``, a process of its own)
@@ -563,7 +563,11 @@ def parse_args(argv: list[str] | None = None) -> Any:
     parser.add_argument("--drain-s", type=float, default=30.0)
     parser.add_argument("--keep-going", action="store_true", help="run past the knee too")
     parser.add_argument(
-        "--judge", type=Path, default=None, help="judge a report's runs again (no run)"
+        "--judge",
+        type=Path,
+        action="append",
+        default=None,
+        help="judge the runs of saved reports again, as one report (repeatable; no run)",
     )
     parser.add_argument(
         "--wait-quiet-s", type=float, default=0.0, help="before each run, wait this long at most"
@@ -607,10 +611,13 @@ def main(argv: list[str] | None = None) -> int:
     """Sweep, find the knees, derive the capacity, publish (or judge a report's runs again)."""
     args = parse_args(argv)
     started = time.perf_counter()
-    if args.judge is not None:
-        old = json.loads(args.judge.read_text())
-        report = judged(old["runs"], old["target"], old["duration_s"])
-        report["machine"] = old["machine"]
+    if args.judge:
+        old = [json.loads(path.read_text()) for path in args.judge]
+        if len({report["target"] for report in old}) > 1:
+            raise SystemExit("--judge: reports of different stacks")
+        runs = [run for report in old for run in report["runs"]]
+        report = judged(runs, old[0]["target"], sum(r["duration_s"] for r in old))
+        report["machine"] = old[-1]["machine"]
     else:
         report = judged(measure(args), args.target, 0.0)
         report["duration_s"] = time.perf_counter() - started
