@@ -649,10 +649,19 @@ def measure(args: Any) -> list[dict[str, Any]]:
                 run = run_load(args, ranks, sweep.step_s, sweep.duration_s)
             run["disturbed_runs"] = disturbed
             runs.append(run)
+            _checkpoint(args, runs)
             progress("  " + "  ".join(text_table(header(run), [row(run)])[1:]))
             if run["past_knee"] and not args.keep_going:
                 break
     return runs
+
+
+def _checkpoint(args: Any, runs: list[dict[str, Any]]) -> None:
+    """The runs so far, for ``--judge``, beside ``--out``: a killed sweep keeps them."""
+    partial = {"target": args.target, "machine": machine_info(), "duration_s": 0.0, "runs": runs}
+    path = args.out.with_suffix(".partial.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(partial, indent=1) + "\n")
 
 
 def _disturbed(run: dict[str, Any], args: Any) -> bool:
