@@ -526,23 +526,31 @@ def counts_row(run: dict[str, Any]) -> list[str]:
 
 
 def knee(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The last run that kept up and the first past the knee, at the sweep's cadence."""
-    keeps = [run for run in runs if not run["past_knee"]]
-    past = [run for run in runs if run["past_knee"]]
-    last = max(keeps, key=lambda run: run["ranks"], default=None)
-    first = min(past, key=lambda run: run["ranks"], default=None)
+    """At one cadence: the most ranks every run of which kept up, the fewest any run of which
+    did not (a rank count measured twice may be on the edge: kept up once, not again)."""
+    outcomes: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        outcomes.setdefault(run["ranks"], []).append(run)
+    kept = [n for n, tries in outcomes.items() if not any(run["past_knee"] for run in tries)]
+    past = [n for n, tries in outcomes.items() if any(run["past_knee"] for run in tries)]
+    last = max(kept, default=None)
+    first = min(past, default=None)
     parts = []
     if last is not None:
-        parts.append(f"{last['ranks']} ranks at {last['step_s']:g} s steps keep up")
+        parts.append(f"{last} ranks keep up")
+    reasons: list[str] = []
     if first is not None:
-        why = "; ".join(first["past_knee"])
-        parts.append(f"{first['ranks']} ranks are past it ({why})")
+        tries = outcomes[first]
+        reasons = next(run["past_knee"] for run in tries if run["past_knee"])
+        edge = sum(not run["past_knee"] for run in tries)
+        kept_text = f", though {edge} of its {len(tries)} runs kept up" if edge else ""
+        parts.append(f"{first} ranks are past it ({'; '.join(reasons)}{kept_text})")
     else:
         parts.append("no run was past it")
     return {
-        "last_keeping_up": None if last is None else last["ranks"],
-        "first_past": None if first is None else first["ranks"],
-        "reasons": [] if first is None else first["past_knee"],
+        "last_keeping_up": last,
+        "first_past": first,
+        "reasons": reasons,
         "text": "; ".join(parts) + ".",
     }
 
@@ -587,6 +595,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
 
 def judged(runs: list[dict[str, Any]], target: str, duration_s: float) -> dict[str, Any]:
     """The report of ``runs``: each run's costs and verdict, the knee per cadence, capacity."""
+    runs = sorted(runs, key=lambda run: (run["step_s"], run["ranks"]))  # stable: retries kept
     for run in runs:
         run.update(costs(run))
         run["past_knee"] = past_knee(run)
