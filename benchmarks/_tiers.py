@@ -7,15 +7,15 @@ metrics) and the store's Prometheus-API query port. :data:`TARGETS` starts each 
 real servers ``tests/servers.py`` runs (``servers/build`` builds them):
 
 - ``remote-write``: one Collector (``async-tee stack --path remote-write``) remote-writing
-  to one Prometheus 3: the single-machine stack. Agent tier: the Collector; store tier:
-  Prometheus.
+  to one Prometheus 3 (the stack's 15 s scrape and rule-evaluation interval): the
+  single-machine stack. Agent tier: the Collector; store tier: Prometheus.
 
 **Measured per tier**: CPU seconds of every process (``utime + stime`` of
 ``/proc/<pid>/stat``, all its threads) and the tier's own figures, read from each process's
 ``/metrics`` and summed (:data:`FIGURES`: for a Collector the points its receiver accepted or
 refused, its exporter sent or failed to send or enqueue, its queue and its remote-write log's
 lag; for a Prometheus-TSDB store the samples appended, refused as out of order, the head's
-series and the write requests by code).
+series, the write requests by code and the seconds spent evaluating rules).
 
 **Counted in the store**, through its query API: every ``rl_step`` sample of the run
 (selected by its run id label), by rank: which (rank, step) pairs are present.
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from async_tee.stack import StackAddresses
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 if str(TESTS) not in sys.path:
@@ -87,8 +89,16 @@ class Target:
 
 @contextlib.contextmanager
 def remote_write(folder: Path) -> Iterator[Target]:
-    """One Collector remote-writing to one Prometheus 3, as ``async-tee stack`` writes them."""
-    with servers.run_stack("remote-write", folder) as stack:
+    """One Collector remote-writing to one Prometheus 3, as ``async-tee stack`` writes them.
+
+    On free ports of 127.0.0.1, with the stack's own scrape and rule-evaluation interval
+    (``StackAddresses``' default, 15 s: the tests' 1 s would evaluate the alert rules over
+    every rank's series each second).
+    """
+    at = dataclasses.replace(
+        servers.local_addresses(), scrape_interval_s=StackAddresses().scrape_interval_s
+    )
+    with servers.run_stack("remote-write", folder, at) as stack:
         at = stack.addresses
         yield Target(
             name="remote-write",
@@ -191,6 +201,7 @@ FIGURES: Mapping[str, tuple[Figure, ...]] = {
         Figure("appended", "prometheus_tsdb_head_samples_appended_total"),
         Figure("out_of_order", "prometheus_tsdb_out_of_order_samples_total"),
         Figure("head_series", "prometheus_tsdb_head_series", gauge=True),
+        Figure("rule_eval_s", "prometheus_rule_group_duration_seconds_sum"),
         Figure(
             "write_requests_ok",
             "prometheus_http_requests_total",

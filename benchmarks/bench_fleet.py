@@ -2,8 +2,8 @@
 
 Usage: ``nice -n 10 python benchmarks/bench_fleet.py [--target remote-write]
 [--sweep STEP_S:DURATION_S:RANKS,RANKS,...]... [--wait-quiet-s S] [--quick] [--out PATH]``
-(``--help`` lists the rest; ``--judge REPORT`` judges a saved report's runs again). Needs the
-real servers ``servers/build`` builds.
+(``--help`` lists the rest; ``--judge REPORT ...`` judges saved reports' runs again, as one).
+Needs the real servers ``servers/build`` builds.
 
 **A run** (one rank count at one cadence): a fresh stack (``_tiers.TARGETS``); its tiers' CPU
 while idle (``--idle-s``); then the load generator (``_loadgen.py``, a process of its own)
@@ -534,23 +534,31 @@ def counts_row(run: dict[str, Any]) -> list[str]:
 
 
 def knee(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The last run that kept up and the first past the knee, at the sweep's cadence."""
-    keeps = [run for run in runs if not run["past_knee"]]
-    past = [run for run in runs if run["past_knee"]]
-    last = max(keeps, key=lambda run: run["ranks"], default=None)
-    first = min(past, key=lambda run: run["ranks"], default=None)
+    """At one cadence: the most ranks every run of which kept up, the fewest any run of which
+    did not (a rank count measured twice may be on the edge: kept up once, not again)."""
+    outcomes: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        outcomes.setdefault(run["ranks"], []).append(run)
+    kept = [n for n, tries in outcomes.items() if not any(run["past_knee"] for run in tries)]
+    past = [n for n, tries in outcomes.items() if any(run["past_knee"] for run in tries)]
+    last = max(kept, default=None)
+    first = min(past, default=None)
     parts = []
     if last is not None:
-        parts.append(f"{last['ranks']} ranks at {last['step_s']:g} s steps keep up")
+        parts.append(f"{last} ranks keep up")
+    reasons: list[str] = []
     if first is not None:
-        why = "; ".join(first["past_knee"])
-        parts.append(f"{first['ranks']} ranks are past it ({why})")
+        tries = outcomes[first]
+        reasons = next(run["past_knee"] for run in tries if run["past_knee"])
+        edge = sum(not run["past_knee"] for run in tries)
+        kept_text = f", though {edge} of its {len(tries)} runs kept up" if edge else ""
+        parts.append(f"{first} ranks are past it ({'; '.join(reasons)}{kept_text})")
     else:
         parts.append("no run was past it")
     return {
-        "last_keeping_up": None if last is None else last["ranks"],
-        "first_past": None if first is None else first["ranks"],
-        "reasons": [] if first is None else first["past_knee"],
+        "last_keeping_up": last,
+        "first_past": first,
+        "reasons": reasons,
         "text": "; ".join(parts) + ".",
     }
 
@@ -578,7 +586,11 @@ def parse_args(argv: list[str] | None = None) -> Any:
     )
     parser.add_argument("--keep-going", action="store_true", help="run past the knee too")
     parser.add_argument(
-        "--judge", type=Path, default=None, help="judge a report's runs again (no run)"
+        "--judge",
+        type=Path,
+        action="append",
+        default=None,
+        help="judge the runs of saved reports again, as one report (repeatable; no run)",
     )
     parser.add_argument(
         "--wait-quiet-s", type=float, default=0.0, help="before each run, wait this long at most"
@@ -598,6 +610,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
 
 def judged(runs: list[dict[str, Any]], target: str, duration_s: float) -> dict[str, Any]:
     """The report of ``runs``: each run's costs and verdict, the knee per cadence, capacity."""
+    runs = sorted(runs, key=lambda run: (run["step_s"], run["ranks"]))  # stable: retries kept
     for run in runs:
         run.update(costs(run))
         run["past_knee"] = past_knee(run)
@@ -622,10 +635,13 @@ def main(argv: list[str] | None = None) -> int:
     """Sweep, find the knees, derive the capacity, publish (or judge a report's runs again)."""
     args = parse_args(argv)
     started = time.perf_counter()
-    if args.judge is not None:
-        old = json.loads(args.judge.read_text())
-        report = judged(old["runs"], old["target"], old["duration_s"])
-        report["machine"] = old["machine"]
+    if args.judge:
+        old = [json.loads(path.read_text()) for path in args.judge]
+        if len({report["target"] for report in old}) > 1:
+            raise SystemExit("--judge: reports of different stacks")
+        runs = [run for report in old for run in report["runs"]]
+        report = judged(runs, old[0]["target"], sum(r["duration_s"] for r in old))
+        report["machine"] = old[-1]["machine"]
     else:
         report = judged(measure(args), args.target, 0.0)
         report["duration_s"] = time.perf_counter() - started
@@ -657,10 +673,19 @@ def measure(args: Any) -> list[dict[str, Any]]:
                 run = run_load(args, ranks, sweep.step_s, sweep.duration_s)
             run["disturbed_runs"] = disturbed
             runs.append(run)
+            _checkpoint(args, runs)
             progress("  " + "  ".join(text_table(header(run), [row(run)])[1:]))
             if run["past_knee"] and not args.keep_going:
                 break
     return runs
+
+
+def _checkpoint(args: Any, runs: list[dict[str, Any]]) -> None:
+    """The runs so far, for ``--judge``, beside ``--out``: a killed sweep keeps them."""
+    partial = {"target": args.target, "machine": machine_info(), "duration_s": 0.0, "runs": runs}
+    path = args.out.with_suffix(".partial.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(partial, indent=1) + "\n")
 
 
 def _disturbed(run: dict[str, Any], args: Any) -> bool:
