@@ -10,6 +10,7 @@ from typing import Any
 from async_tee import vocabulary
 from async_tee._declare import series as _series
 from async_tee._declare.prometheus_names import prometheus_name
+from async_tee._declare.trainers import TRAINERS
 
 __all__ = ["CatalogEntry", "render_catalog", "series_catalog"]
 
@@ -27,9 +28,11 @@ class CatalogEntry:
             efficiency categories that have a bucket).
         logger_key: The ``Logger`` key it reads: a key, a pattern
             (``efficiency/<category>_s``, ``timing/setup:*_s``), or empty when it is
-            recorded directly or is async_tee's own.
+            recorded directly or is async_tee's own; then, comma-separated, the trainers'
+            keys of the same meaning (``verl:critic/score/mean``, docs/semantics.md §13).
         description: Its help text.
-        source: ``teed``, ``recorded``, ``efficiency``, ``setup``, ``step`` or ``self``.
+        source: ``teed``, ``recorded``, ``efficiency``, ``setup``, ``step``, ``watchdog``,
+            ``trainer`` or ``self``.
     """
 
     name: str
@@ -76,6 +79,10 @@ def series_catalog() -> list[CatalogEntry]:
     Reads the current declarations, so rows an owner module declared at import appear
     once that module is imported. Never touches OpenTelemetry.
     """
+    aliases: dict[str, list[str]] = {}
+    for trainer in TRAINERS:
+        for key, name in trainer.aliases:
+            aliases.setdefault(name, []).append(f"{trainer.prefix}:{key}")
     entries = [
         _entry(
             row.name,
@@ -83,7 +90,7 @@ def series_catalog() -> list[CatalogEntry]:
             row.unit,
             row.description,
             source="teed",
-            logger_key=row.source,
+            logger_key=", ".join([row.source, *aliases.get(row.name, ())]),
         )
         for row in vocabulary.teed_metrics()
     ]
@@ -99,6 +106,7 @@ def series_catalog() -> list[CatalogEntry]:
         _series.STEP.name: "step",
         _series.STEP_TIME.name: "step",
         _series.GEN_FLEET_SHARDS.name: "watchdog",
+        _series.LOGGED_VALUE.name: "trainer",
     }
     entries += [
         _entry(

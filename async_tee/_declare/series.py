@@ -18,6 +18,8 @@ RL_SETUP_PHASE_ATTR = "rl.setup.phase"
 RL_STEP_PHASE_ATTR = "rl.step.phase"
 RL_SHARD_STATE_ATTR = "rl.shard.state"
 RL_STEP_PHASE_DURATION_METRIC = "rl.step.phase.duration"
+RL_TRAINER_ATTR = "rl.trainer"
+RL_KEY_ATTR = "rl.key"
 
 SELF_METRIC_GROUP = "async_tee"
 """The registry group of the ``async_tee.*`` series."""
@@ -129,6 +131,15 @@ GEN_FLEET_SHARDS = Series(
     "gen_fleet/shards/<state>",
     held=True,
 )
+LOGGED_VALUE = Series(
+    "logged_value",
+    "rl.logged.value",
+    "gauge",
+    "",
+    "A trainer's logged key no rl.* series reads, as logged (the key is the rl.key attribute).",
+    (RL_TRAINER_ATTR, RL_KEY_ATTR),
+    "<trainer>:*",
+)
 SHARD_STATES = ("healthy", "suspect", "dead", "restarting", "stale", "retired")
 """NeMo-RL's ``ShardState`` values: the states ``rl.gen_fleet.shards`` reads (bounded)."""
 
@@ -140,6 +151,7 @@ DERIVED: tuple[Series, ...] = (
     STEP,
     STEP_TIME,
     GEN_FLEET_SHARDS,
+    LOGGED_VALUE,
 )
 """The ``rl.*`` series the tee derives itself; no declared row may take their names."""
 

@@ -17,6 +17,7 @@ from async_tee._declare.rows import (
     EfficiencyCategory,
     TeedMetric,
 )
+from async_tee._declare.trainers import TRAINERS, TrainerKeys
 from async_tee.vocabulary import (
     DEVICE_TENSOR,
     NOT_A_NUMBER,
@@ -82,6 +83,9 @@ not read, one attribute set a shard would grow with the fleet."""
 FLEET_SHARDS_PREFIX = "gen_fleet/shards/"
 PER_SHARD_PREFIXES = ("gen_fleet/restart_attempts/", "gen_fleet/shard_weight_version/")
 
+KEY_LIMIT = "key_limit"
+"""A trainer's key past the keys its prefix passes through (``LOGGED_KEYS_PER_TRAINER``)."""
+
 HELD_EXPIRED = "held_expired"
 """A held series' attribute set withdrawn from exports: not logged again within
 ``ASYNC_TEE_HELD_TTL`` (counted by the registry, once per withdrawal; docs/semantics.md §3g)."""
@@ -102,11 +106,25 @@ SKIP_REASONS = (
     UNKNOWN_STATE,
     PER_SHARD,
     HELD_EXPIRED,
+    KEY_LIMIT,
 )
 """Every reason ``async_tee.values.skipped`` counts a value under (docs/semantics.md §4, §8):
 the registry's three, and the mapping's: not a number, a tensor on an accelerator, an
 efficiency category not in the map, a gauge value of a step already exported, a key the
 caller left out of its snapshot."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerPlan:
+    """What a trainer's prefix reads besides its scalars (docs/semantics.md §13).
+
+    Attributes:
+        read: The keys its aliases and declared rows read: never passed through.
+        phase_prefix: Its keys under this are step phases (empty: none are).
+    """
+
+    read: frozenset[str]
+    phase_prefix: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +139,8 @@ class MappingPlan:
         efficiency_keys: Every ``efficiency/`` key of a ``""`` dict that is read (by a
             category or a row); another ``efficiency/<c>_s`` is an unknown category.
         phase_rows: The ``timing/train`` keys a row reads: not step phases.
+        trainers: For each trainer's prefix (``_declare/trainers``), what it reads besides
+            its scalars; its scalars hold its aliases, then any rows declared on it.
         snapshot_keys: For each prefix the tee takes (None counts as ``""``), the keys
             the caller snapshots a dict of it to (every key read from it), or None where a
             family reads every key (``timing/setup``, ``timing/train``, ``""``: copied
@@ -134,6 +154,7 @@ class MappingPlan:
     phase_rows: frozenset[str]
     snapshot_keys: Mapping[str | None, tuple[str, ...] | None]
     held: Mapping[str, HeldPlan] = dataclasses.field(default_factory=dict)
+    trainers: Mapping[str, TrainerPlan] = dataclasses.field(default_factory=dict)
 
     @property
     def prefixes(self) -> frozenset[str | None]:
@@ -217,6 +238,12 @@ def compile_plan(
         prefix: _scalar_plan(row for row in group if not row.held)
         for prefix, group in by_prefix.items()
     }
+    trainers = {}
+    for trainer in TRAINERS:
+        aliases = _alias_plan(trainer, rows)
+        scalars[trainer.prefix] = aliases + scalars.get(trainer.prefix, ())
+        keys = frozenset(row[0] for row in scalars[trainer.prefix])
+        trainers[trainer.prefix] = TrainerPlan(keys, trainer.phase_prefix)
     held = {
         prefix: plan
         for prefix, group in by_prefix.items()
@@ -231,9 +258,10 @@ def compile_plan(
     seconds_keys = [seconds_key for seconds_key, _ in efficiency]
     pct_keys = [EFFICIENCY_PCT_KEY, EFFICIENCY_PCT_IS_PER_STEP_KEY]
     row_keys = set(read(""))
+    whole = READ_WHOLE | trainers.keys()
     snapshot_keys = {
-        prefix: None if (prefix or "") in READ_WHOLE else read(prefix or "")
-        for prefix in (*BUILT_IN_PREFIXES, *by_prefix)
+        prefix: None if (prefix or "") in whole else read(prefix or "")
+        for prefix in (*BUILT_IN_PREFIXES, *by_prefix, *trainers)
     }
     return MappingPlan(
         scalars=scalars,
@@ -243,6 +271,21 @@ def compile_plan(
         phase_rows=frozenset(read(STEP_TIMING_PREFIX)),
         snapshot_keys=snapshot_keys,
         held=held,
+        trainers=trainers,
+    )
+
+
+def _alias_plan(trainer: TrainerKeys, rows: tuple[TeedMetric, ...]) -> ScalarPlan:
+    """A trainer's aliases as scalar rows: each into the declared row of its series.
+
+    An alias whose series no row declares now (a user's row renamed it) reads nothing:
+    its key is passed through instead.
+    """
+    by_name = {row.name: row for row in rows if not row.held}
+    return tuple(
+        (key, row.key, row.kind == "counter", None)
+        for key, name in trainer.aliases
+        if (row := by_name.get(name)) is not None
     )
 
 
@@ -443,6 +486,28 @@ def step_phase_values(
             count_skipped(skipped, skip_reason(raw))
         else:
             yield key, value
+
+
+def logged_values(
+    metrics: Mapping[str, Any], plan: TrainerPlan, skipped: Skipped | None = None
+) -> Iterator[tuple[bool, str, float]]:
+    """A trainer's keys no alias or row reads: ``(is_phase, phase or key, value)``.
+
+    A key under the trainer's phase prefix is a step phase, named by the rest of the key;
+    every other key is passed through as it was logged. Values that are not scalars are
+    left out (and counted in ``skipped``).
+    """
+    read, phase_prefix = plan.read, plan.phase_prefix
+    for key, raw in metrics.items():
+        if key in read or not isinstance(key, str) or not key or raw is None:
+            continue
+        value = as_scalar(raw)
+        if value is None:
+            count_skipped(skipped, skip_reason(raw))
+        elif phase_prefix and key.startswith(phase_prefix) and len(key) > len(phase_prefix):
+            yield True, key[len(phase_prefix) :], value
+        else:
+            yield False, key, value
 
 
 def map_efficiency_pct(metrics: Mapping[str, Any]) -> tuple[float, str] | None:

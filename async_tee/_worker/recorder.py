@@ -16,9 +16,11 @@ from async_tee._declare.rows import (
     EfficiencyCategory,
     TeedMetric,
 )
+from async_tee._declare.trainers import LOGGED_KEYS_PER_TRAINER
 from async_tee._reporting import warn_once
 from async_tee._worker.gil import budget
 from async_tee._worker.mapping import (
+    KEY_LIMIT,
     PCT_ATTRIBUTES,
     STALE_STEP,
     UNKNOWN_CATEGORY,
@@ -30,6 +32,7 @@ from async_tee._worker.mapping import (
     efficiency_values,
     fleet_values,
     held_values,
+    logged_values,
     map_efficiency_pct,
     map_setup_seconds,
     scalar_values,
@@ -42,6 +45,7 @@ _EFFICIENCY_SECONDS_KEY = _series.EFFICIENCY_SECONDS.key
 _EFFICIENCY_PCT_KEY = _series.EFFICIENCY_PCT.key
 _SETUP_DURATION_KEY = _series.SETUP_DURATION.key
 _STEP_PHASE_KEY = _series.STEP_PHASE_DURATION.key
+_LOGGED_KEY = _series.LOGGED_VALUE.key
 _STEP_KEY = _series.STEP.key
 _STEP_TIME_KEY = _series.STEP_TIME.key
 
@@ -150,6 +154,7 @@ class RLRecorder:
         self._per_step: tuple[Table, ...] | None = None
         self._phases: dict[str, FrozenAttributes] = {}
         self._state_attributes: dict[str, FrozenAttributes] = {}
+        self._logged: dict[str, dict[str, FrozenAttributes]] = {}  # per trainer, bounded
         # While the first step the session numbers itself is open, a counter key logged a
         # third time in it shows the loop ends no step with a step-ending dict: the copies
         # held back are added after all, and ``unmarked`` tells the step clock to stop
@@ -197,6 +202,8 @@ class RLRecorder:
                 self.tee_fleet(metrics)
             elif prefix == STEP_TIMING_PREFIX:
                 self.tee_step_phases(metrics, stale)
+            elif prefix in plan.trainers:
+                self.tee_logged(metrics, prefix, stale)
         except Exception:  # noqa: BLE001 - never raise into the worker
             warn_once("tee:body", "async_tee: teeing a dict failed")
 
@@ -375,13 +382,75 @@ class RLRecorder:
             for phase, seconds in step_phase_values(metrics, rows, self.skipped):
                 if stale:
                     self.skip(STALE_STEP)
-                    continue
-                attributes = self._phase_attributes(phase)
-                if (
-                    table is None
-                    or not isinstance(attributes, FrozenAttributes)
-                    or not table.store(seconds, attributes)
-                ):
-                    self.record({_STEP_PHASE_KEY: seconds}, attributes)
+                else:
+                    self._store(table, _STEP_PHASE_KEY, seconds, self._phase_attributes(phase))
         except Exception:  # noqa: BLE001 - one family's failure must not stop the others
             warn_once("tee:phases", "async_tee: teeing the step phases failed")
+
+    def _store(
+        self,
+        table: Table | None,
+        key: str,
+        value: float,
+        attributes: FrozenAttributes | dict[str, str],
+    ) -> None:
+        """Record one value: a store into its table when it takes it, else every check."""
+        if (
+            table is None
+            or not isinstance(attributes, FrozenAttributes)
+            or not table.store(value, attributes)
+        ):
+            self.record({key: value}, attributes)
+
+    def tee_logged(self, metrics: Mapping[str, Any], prefix: str, stale: bool = False) -> None:
+        """Emit a trainer's keys no alias reads: its phases, and the rest as logged.
+
+        A key under the trainer's phase prefix goes to ``rl.step.phase.duration``; every
+        other key to ``rl.logged.value{rl.trainer=prefix, rl.key=key}``, for the first
+        ``LOGGED_KEYS_PER_TRAINER`` distinct keys of the session; a key past them is
+        counted (``key_limit``) and named once (docs/semantics.md §13).
+        """
+        try:
+            plan = self.bound().trainers[prefix]
+            tables = self.tables()
+            phases = None if stale else tables.get(_STEP_PHASE_KEY)
+            logged = None if stale else tables.get(_LOGGED_KEY)
+            for is_phase, name, value in logged_values(metrics, plan, self.skipped):
+                if stale:
+                    self.skip(STALE_STEP)
+                elif is_phase:
+                    self._store(phases, _STEP_PHASE_KEY, value, self._phase_attributes(name))
+                else:
+                    attributes = self._logged_attributes(prefix, name)
+                    if attributes is not None:
+                        self._store(logged, _LOGGED_KEY, value, attributes)
+        except Exception:  # noqa: BLE001 - one family's failure must not stop the others
+            warn_once("tee:logged", "async_tee: teeing a trainer's logged keys failed")
+
+    def _logged_attributes(self, prefix: str, key: str) -> FrozenAttributes | None:
+        """A passed-through key's attribute set, or None past the trainer's bound (counted)."""
+        known = self._logged.setdefault(prefix, {})
+        found = known.get(key)
+        if found is not None:
+            return found
+        if len(known) >= LOGGED_KEYS_PER_TRAINER:
+            self.skip(KEY_LIMIT)
+            warn_once(
+                f"tee:key_limit:{prefix}",
+                "async_tee: %s logged more than %d distinct keys; %r and later new keys are "
+                "not teed (values.skipped{reason=key_limit})",
+                prefix,
+                LOGGED_KEYS_PER_TRAINER,
+                key,
+            )
+            return None
+        try:
+            attributes = FrozenAttributes(
+                {_series.RL_TRAINER_ATTR: prefix, _series.RL_KEY_ATTR: key}
+            )
+        except ValueError:  # a key with no UTF-8 form (a lone surrogate): no label can hold it
+            self.skip("rejected")
+            warn_once("tee:logged:key", "async_tee: a logged key with no UTF-8 form is not teed")
+            return None
+        known[key] = attributes
+        return attributes

@@ -195,6 +195,8 @@ def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(c
         watchdog = {key: 2.0 for key in WATCHDOG_KEYS}
         watchdog.update({"gen_fleet/shards/healthy": 3.0, "gen_fleet/restart_attempts/0": 1.0})
         logger.log_metrics(watchdog, 42)
+        # A trainer's keys no series reads pass through (docs/semantics.md §13).
+        logger.log_metrics({"rewards/format/mean": 0.5, "reward": 0.25}, 43, "transformers")
         logger.log_metrics({"total_validation_time": 3.5}, 43, "timing/validation", None, True)
         assert async_tee.flush()
         step_43, _ = parse(prometheus_client.generate_latest(registry_).decode())
@@ -207,7 +209,7 @@ def test_every_catalogued_series_appears_on_a_real_metrics_page_under_its_name(c
     # 43, on the first); neither page repeats an older step's value.
     expected = {e.prometheus_name for e in entries}
     assert "rl_reward_mean" in step_42
-    assert "rl_reward_mean" not in step_43
+    assert "rl_reward_mean" in step_43  # the trainer's reward, the NaN left out
     assert "rl_throughput_tokens_per_second" not in step_43  # not logged in step 43
     assert expected <= set(types), sorted(expected - set(types))
     for entry in entries:
@@ -234,7 +236,8 @@ def test_catalog_holds_every_default_derived_and_self_series():
     by_name = {entry.name: entry for entry in series_catalog()}
     for row in default_rows.TRAINING_SCALARS + default_rows.VLLM_DELTAS:
         entry = by_name[row.name]
-        assert (entry.kind, entry.unit, entry.logger_key, entry.source) == (
+        first_key = entry.logger_key.split(", ")[0]  # then the trainers' keys (§13)
+        assert (entry.kind, entry.unit, first_key, entry.source) == (
             row.kind,
             row.unit,
             row.logger_key,
@@ -243,6 +246,16 @@ def test_catalog_holds_every_default_derived_and_self_series():
         assert entry.attributes == ()
     assert by_name["rl.vllm.prompt_tokens"].prometheus_name == "rl_vllm_prompt_tokens_total"
     assert by_name["rl.reward.mean"].prometheus_name == "rl_reward_mean"
+    assert by_name["rl.reward.mean"].logger_key.split(", ") == [
+        "reward",
+        "transformers:reward",
+        "lightning:reward",
+        "lightning:train/reward",
+        "verl:critic/score/mean",
+    ]
+    logged = by_name["rl.logged.value"]
+    assert (logged.prometheus_name, logged.source) == ("rl_logged_value", "trainer")
+    assert logged.attributes == ("rl.trainer", "rl.key")
     seconds = by_name["rl.efficiency.seconds"]
     assert seconds.prometheus_name == "rl_efficiency_seconds"
     assert seconds.logger_key == "efficiency/<category>_s"

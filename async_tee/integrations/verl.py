@@ -1,0 +1,77 @@
+"""verl: a ``Tracking`` backend, and ``install()`` to add it (docs/semantics.md §13).
+
+verl's ``Tracking`` builds its backends from a closed list (``trainer.logger``), so a
+backend of another library gets in by being added to every ``Tracking`` made::
+
+    import async_tee.integrations.verl
+
+    async_tee.integrations.verl.install()  # before the trainer makes its Tracking
+    # ... verl's main_ppo / RayPPOTrainer.fit() as usual
+
+Each ``Tracking.log(data, step)`` (verl's ``fit()`` logs one dict a step, in the driver) is
+teed under the prefix ``verl`` as that step's last dict.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from async_tee._declare.trainers import VERL
+from async_tee._handoff.caller import tee_rl_metrics_to_otel
+from async_tee._reporting import warn_once
+from async_tee._session import lifecycle
+from async_tee.integrations._start import start_for
+
+__all__ = ["BACKEND", "AsyncTeeBackend", "install"]
+
+PREFIX = VERL.prefix
+BACKEND = "async_tee"
+"""The name the backend has in a ``Tracking``'s ``logger`` dict."""
+
+
+class AsyncTeeBackend:
+    """What ``Tracking`` asks of a backend: ``log(data, step)`` and ``finish()``."""
+
+    def __init__(self, flush_timeout_s: float = 30.0) -> None:
+        """Start telemetry unless it runs (verl logs from its driver: one process)."""
+        self.flush_timeout_s = flush_timeout_s
+        start_for(PREFIX)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """Tee one step's dict; it is the step's last."""
+        tee_rl_metrics_to_otel(data, PREFIX, step, step_finished=True)
+
+    def finish(self) -> None:
+        """Wait until the worker recorded every dict (not the export)."""
+        lifecycle.flush(self.flush_timeout_s)
+
+
+def install() -> bool:
+    """Add an :class:`AsyncTeeBackend` to every verl ``Tracking`` made from now on.
+
+    Idempotent. Returns False (said once) when verl's ``Tracking`` cannot be imported or
+    has no ``logger`` dict to add to; never raises.
+    """
+    try:
+        from verl.utils import tracking
+    except Exception:  # noqa: BLE001 - verl missing or failing to import
+        warn_once("integrations:verl:import", "async_tee: verl.utils.tracking cannot be imported")
+        return False
+    made = tracking.Tracking.__init__
+    if getattr(made, "_async_tee", False):
+        return True
+
+    @functools.wraps(made)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        backends = getattr(self, "logger", None)
+        if isinstance(backends, dict):
+            backends.setdefault(BACKEND, AsyncTeeBackend())
+        else:
+            warn_once("integrations:verl:shape", "async_tee: verl's Tracking has no logger dict")
+
+    __init__._async_tee = True  # type: ignore[attr-defined]
+    tracking.Tracking.__init__ = __init__
+    return True
