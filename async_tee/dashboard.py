@@ -32,6 +32,7 @@ _REGEX_VARIABLES = {
     "run": 'label_values(target_info{job=~"$job"}, rl_run_id)',
     "instance": 'label_values(target_info{job=~"$job", rl_run_id=~"$run"}, instance)',
     "rank": 'label_values(target_info{job=~"$job", rl_run_id=~"$run"}, rl_rank)',
+    "key": 'label_values(rl_logged_value{job=~"$job"}, rl_key)',
 }
 _CHOSEN = 'target_info{rl_run_id=~"$run", rl_rank=~"$rank"}'
 """The processes the run and rank variables select (``target_info`` is 1)."""
@@ -153,6 +154,15 @@ def _step(entry: CatalogEntry) -> list[_PanelSpec]:
     return [_PanelSpec(title, description, expr, _RANK_LEGEND, "s", "stat")]
 
 
+def _trainer(entry: CatalogEntry) -> list[_PanelSpec]:
+    """A trainer's keys as logged: the ones the ``key`` variable picks (all by default)."""
+    key = prometheus_label(_series.RL_KEY_ATTR)
+    selector = f'{{job=~"$job", instance=~"$instance", {key}=~"$key"}}'
+    expr = _by_rank(entry.prometheus_name + selector)
+    title = "Trainer keys as logged (pick them with the key variable)"
+    return [_PanelSpec(title, entry.description, expr, _legend(entry), _unit(entry))]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Row:
     title: str
@@ -168,6 +178,7 @@ _ROWS: dict[str, _Row] = {
     "efficiency": _Row("Efficiency", False, _efficiency),
     "setup": _Row("Start-up phases", False, _setup),
     "step": _Row("Step and liveness", False, _step),
+    "trainer": _Row("Trainer keys", False, _trainer),
     "self": _Row("async_tee health", True, _generic),
     "other": _Row("Other", True, _generic),
 }
@@ -185,7 +196,7 @@ _ROW_BY_NAME = (
 
 def _row_of(entry: CatalogEntry) -> str:
     """The row an entry's panels go in: by its source, then its name and kind."""
-    if entry.source in ("efficiency", "setup", "step", "self"):
+    if entry.source in ("efficiency", "setup", "step", "trainer", "self"):
         return entry.source
     if entry.source in ("teed", "recorded"):
         for start, row in _ROW_BY_NAME:
@@ -356,8 +367,9 @@ def build_dashboard(
         entries: The series to show; ``series_catalog()`` when omitted.
 
     Returns:
-        A JSON-ready dict (Grafana's dashboard model): a ``datasource`` variable and
-        ``job``/``run``/``instance``/``rank`` multi-select variables, and one row per family.
+        A JSON-ready dict (Grafana's dashboard model): a ``datasource`` variable,
+        ``job``/``run``/``instance``/``rank``/``key`` multi-select variables, and one row
+        per family.
 
     Raises:
         ImportError: ``grafana-foundation-sdk`` is not installed (:data:`INSTALL_HINT`).
@@ -403,8 +415,8 @@ def expand_variables(
 
     Args:
         expr: A panel query, e.g. from :func:`panel_queries`.
-        values: Regexes for ``job``, ``run``, ``instance`` and ``rank``; ``.*`` (All) for
-            any not given.
+        values: Regexes for ``job``, ``run``, ``instance``, ``rank`` and ``key``; ``.*``
+            (All) for any not given.
         rate_interval: What ``$__rate_interval``, ``$__interval`` and ``$__range`` become.
 
     Returns:

@@ -36,10 +36,10 @@ def panels_by_title(board):
     return {panel["title"]: (row, panel) for row, panel in leaf_panels(board)}
 
 
-def test_json_round_trips_with_the_five_variables_and_the_datasource_everywhere():
+def test_json_round_trips_with_the_six_variables_and_the_datasource_everywhere():
     board = json.loads(dashboard.render_dashboard("my-prometheus"))
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "run", "instance", "rank"]
+    assert list(variables) == ["datasource", "job", "run", "instance", "rank", "key"]
     source = variables["datasource"]
     assert (source["type"], source["query"]) == ("datasource", "prometheus")
     assert source["current"]["value"] == "my-prometheus"
@@ -48,7 +48,8 @@ def test_json_round_trips_with_the_five_variables_and_the_datasource_everywhere(
     chosen_run = 'target_info{job=~"$job", rl_run_id=~"$run"}'
     assert variables["instance"]["query"] == f"label_values({chosen_run}, instance)"
     assert variables["rank"]["query"] == f"label_values({chosen_run}, rl_rank)"
-    for name in ("job", "run", "instance", "rank"):
+    assert variables["key"]["query"] == 'label_values(rl_logged_value{job=~"$job"}, rl_key)'
+    for name in ("job", "run", "instance", "rank", "key"):
         assert variables[name]["multi"] is True, name
         assert variables[name]["includeAll"] is True, name
         assert variables[name]["allValue"] == ".*"
