@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.loggers.logger import Logger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 from async_tee._declare.trainers import LIGHTNING
 from async_tee._handoff.caller import tee_rl_metrics_to_otel

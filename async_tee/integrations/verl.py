@@ -59,7 +59,8 @@ def install() -> bool:
     except Exception:  # noqa: BLE001 - verl missing or failing to import
         warn_once("integrations:verl:import", "async_tee: verl.utils.tracking cannot be imported")
         return False
-    made = tracking.Tracking.__init__
+    cls = tracking.Tracking
+    made, finished = cls.__init__, cls.finish
     if getattr(made, "_async_tee", False):
         return True
 
@@ -72,6 +73,16 @@ def install() -> bool:
         else:
             warn_once("integrations:verl:shape", "async_tee: verl's Tracking has no logger dict")
 
+    @functools.wraps(finished)
+    def finish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # verl finishes the backends it knows by name only: this one too
+        result = finished(self, *args, **kwargs)
+        backend = (getattr(self, "logger", None) or {}).get(BACKEND)
+        if isinstance(backend, AsyncTeeBackend):
+            backend.finish()
+        return result
+
     __init__._async_tee = True  # type: ignore[attr-defined]
-    tracking.Tracking.__init__ = __init__
+    cls.__init__ = __init__  # type: ignore[method-assign,unused-ignore]
+    cls.finish = finish  # type: ignore[method-assign,unused-ignore]
     return True
