@@ -296,7 +296,9 @@ def test_a_watchdog_that_stops_while_its_trainer_hangs_no_longer_spares_it(
     timestamps = path == "collector+timestamps"
     if timestamps:
         path = "collector"
-        monkeypatch.setattr(stack, "collector_config", _sending_timestamps(stack.collector_config))
+        # where render_stack looks it up (the package only re-exports it)
+        sending = _sending_timestamps(stack.paths.collector_config)
+        monkeypatch.setattr(stack.paths, "collector_config", sending)
     base = free_ports(2) if path == "scrape" else None
     targets = tuple(f"127.0.0.1:{base + r}" for r in range(2)) if base else ()
     addresses = local_addresses(targets, metric_expiration_s=120 if timestamps else 3)

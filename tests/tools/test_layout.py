@@ -401,3 +401,11 @@ def test_the_session_assembles_in_few_lines_from_few_modules():
 
 
 _PATHS = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    """pytest imports test modules by basename (no packages under tests/): two modules of one
+    name make it collect one and error on the other, and the other's tests never run."""
+    tests = Path(__file__).resolve().parents[1]
+    names = sorted(path.name for path in tests.rglob("test_*.py"))
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
