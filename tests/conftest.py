@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from async_tee import testing
 from async_tee.sink import OtlpSink
+
+# No test reaches the Hugging Face Hub (there is no network): huggingface_hub reads these once,
+# when first imported, so they are set before any test module imports transformers or trl.
+for _name in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS"):
+    os.environ.setdefault(_name, "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
