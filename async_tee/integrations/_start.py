@@ -63,7 +63,8 @@ def start_for(
         running = lifecycle.active()
         if running is not None:
             exported = running.settings.ranks.rank
-            if rank is not None and exported is not None and exported != rank:
+            distributed = world_size is not None and world_size > 1
+            if rank is not None and exported != rank and (distributed or exported is not None):
                 warn_once(
                     "integrations:running-rank",
                     "async_tee: telemetry was started as rank %s; %s says rank %s",

@@ -131,4 +131,35 @@ def test_lightning_every_key_of_every_step_reaches_the_receiver_at_its_step(expo
     want = assert_every_step_arrived(exporting, trainer_keys.LIGHTNING, logged, 1)
     names = {series[0] for series in want}
     assert {"rl.policy.loss", "rl.reward.mean", "rl.kl.divergence"} <= names
-    assert ("rl.logged.value", frozenset({("rl.trainer", "lightning"), ("rl.key", "lr-SGD")})) in want
+    assert (
+        "rl.logged.value",
+        frozenset({("rl.trainer", "lightning"), ("rl.key", "lr-SGD")}),
+    ) in want
+
+
+def test_verl_every_key_of_every_step_reaches_the_receiver_at_its_step(
+    exporting, monkeypatch: pytest.MonkeyPatch
+):
+    """verl's real ``Tracking``, given async_tee's backend by ``install()``, logging the dicts
+    its trainer's ``fit`` logs (validation at step 0, then steps 1 to 3)."""
+    from trainers.required import require
+    from trainers.verl_toys import run_verl_tracking, verl_fit_logs
+
+    tracking = require("verl.utils.tracking").Tracking
+    for name in ("__init__", "finish"):  # install() patches the class: undone after the test
+        monkeypatch.setattr(tracking, name, getattr(tracking, name))
+    from async_tee.integrations import verl
+
+    assert verl.install() is True
+    assert verl.install() is True  # idempotent: one backend, not two
+    recorded = run_verl_tracking(verl_fit_logs(3))
+    assert recorded.finished is False  # verl finishes only the backends it names...
+    steps = {step for step, _ in recorded.steps}
+    assert steps == {0, 1, 2, 3}
+    # ...and async_tee's finish (flush) ran: the steps are recorded before shutdown
+    assert async_tee.stats()["steps"]["completed"] == 4
+    want = assert_every_step_arrived(exporting, trainer_keys.VERL, recorded.steps, 0)
+    names = {series[0] for series in want}
+    assert {"rl.reward.mean", "rl.kl.divergence", "rl.policy.loss", "rl.entropy"} <= names
+    assert {"rl.grad_norm", "rl.learning_rate", "rl.throughput.tokens.per_gpu"} <= names
+    assert {"rl.step.duration", "rl.step.phase.duration", "rl.response.length.mean"} <= names
