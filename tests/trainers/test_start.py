@@ -57,7 +57,9 @@ def test_started_as_the_trainers_rank_with_that_identity(monkeypatch):
     assert (ranks["rank"], ranks["local_rank"], ranks["world_size"]) == (1, 1, 2)
     session = lifecycle.active()
     assert session is not None
-    assert dict(session.settings.resource_attributes)["service.instance.id"].endswith("/rank-1")
+    assert str(dict(session.settings.resource_attributes)["service.instance.id"]).endswith(
+        "/rank-1"
+    )
     assert start_for("lightning", 1, 1, 2) is False  # running: not started twice
     assert async_tee.shutdown_telemetry(5.0) is True
 
