@@ -20,10 +20,13 @@ from trainers.toys import run_grpo, run_hf_trainer, run_lightning
 
 import async_tee
 from async_tee._declare import trainers as trainer_keys
+from async_tee._declare.prometheus_names import prometheus_label
+from async_tee.catalog import series_catalog
 from async_tee.integrations.lightning import AsyncTeeLogger
 from async_tee.integrations.transformers import AsyncTeeCallback
 from async_tee.sink import OtlpSink
 from async_tee.vocabulary import as_scalar
+from servers import query, run_stack
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(300)]
 
@@ -163,3 +166,45 @@ def test_verl_every_key_of_every_step_reaches_the_receiver_at_its_step(
     assert {"rl.reward.mean", "rl.kl.divergence", "rl.policy.loss", "rl.entropy"} <= names
     assert {"rl.grad_norm", "rl.learning_rate", "rl.throughput.tokens.per_gpu"} <= names
     assert {"rl.step.duration", "rl.step.phase.duration", "rl.response.length.mean"} <= names
+
+
+def stored(web: int, name: str) -> dict[frozenset[tuple[str, str]], dict[float, float]]:
+    """Every sample Prometheus holds of ``name``: by its labels, {timestamp: value}."""
+    out: dict[frozenset[tuple[str, str]], dict[float, float]] = {}
+    for series in query(web, f"{name}[1h]"):
+        labels = frozenset(series["metric"].items())
+        out[labels] = {float(ts): float(value) for ts, value in series["values"]}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_grpo_through_prometheus_3_every_key_of_every_step_is_stored_at_its_step(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """The same run on the path users run (OTLP into Prometheus 3, the stack's own config):
+    each number logged is one sample, paired with ``rl_step`` by its timestamp."""
+    for name in LAUNCHER:
+        monkeypatch.delenv(name, raising=False)
+    with run_stack("otlp", tmp_path) as running:
+        for name, value in running.rank_environment().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("ASYNC_TEE_MIN_EXPORT_INTERVAL", "0")
+        monkeypatch.setenv("ASYNC_TEE_FLUSH_SIGNALS", "")
+        run = run_grpo([AsyncTeeCallback()], tmp_path / "run", steps=3)
+        assert async_tee.shutdown_telemetry(30.0) is True
+        want = expected(trainer_keys.TRANSFORMERS, run.logged)
+        prometheus = {entry.name: entry.prometheus_name for entry in series_catalog()}
+        (steps,) = stored(running.web, prometheus["rl.step"]).values()
+        for (name, attributes), by_step in want.items():
+            labels = {(prometheus_label(key), value) for key, value in attributes}
+            held = [
+                samples
+                for found, samples in stored(running.web, prometheus[name]).items()
+                if labels <= found
+            ]
+            assert len(held) == 1, (name, attributes, len(held))
+            got: dict[int, set[float]] = {}
+            for ts, value in held[0].items():
+                got.setdefault(int(steps[ts]), set()).add(value)
+            assert got == {step: {value} for step, value in by_step.items()}, (name, attributes)
