@@ -197,7 +197,7 @@ def test_grpo_through_prometheus_3_every_key_of_every_step_is_stored_at_its_step
         prometheus = {entry.name: entry.prometheus_name for entry in series_catalog()}
         (steps,) = stored(running.web, prometheus["rl.step"]).values()
         for (name, attributes), by_step in want.items():
-            labels = {(prometheus_label(key), value) for key, value in attributes}
+            labels = {(prometheus_label(key), label) for key, label in attributes}
             held = [
                 samples
                 for found, samples in stored(running.web, prometheus[name]).items()
@@ -205,6 +205,6 @@ def test_grpo_through_prometheus_3_every_key_of_every_step_is_stored_at_its_step
             ]
             assert len(held) == 1, (name, attributes, len(held))
             got: dict[int, set[float]] = {}
-            for ts, value in held[0].items():
-                got.setdefault(int(steps[ts]), set()).add(value)
+            for ts, sample in held[0].items():
+                got.setdefault(int(steps[ts]), set()).add(sample)
             assert got == {step: {value} for step, value in by_step.items()}, (name, attributes)
