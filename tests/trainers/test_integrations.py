@@ -12,7 +12,11 @@ delivery (``shutdown_telemetry()`` is True).
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +212,56 @@ def test_grpo_through_prometheus_3_every_key_of_every_step_is_stored_at_its_step
             for ts, sample in held[0].items():
                 got.setdefault(int(steps[ts]), set()).add(sample)
             assert got == {step: {value} for step, value in by_step.items()}, (name, attributes)
+
+
+DDP_SPAWN = """
+import sys
+from trainers.toys import _lightning_warnings, ToyModule, pl, torch
+from async_tee.integrations.lightning import AsyncTeeLogger
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1))
+    trainer = pl.Trainer(
+        max_steps=3, accelerator="cpu", devices=2, strategy="ddp_spawn", log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        logger=AsyncTeeLogger(), default_root_dir=sys.argv[1],
+    )
+    with _lightning_warnings():
+        trainer.fit(ToyModule(), torch.utils.data.DataLoader(data, batch_size=4))
+"""
+
+
+@pytest.mark.slow
+def test_lightning_ranks_spawned_without_a_launcher_export_as_their_own_rank(exporting, tmp_path):
+    """Lightning's ``ddp_spawn`` starts its ranks with no launcher variable: each exports as
+    the rank Lightning gave it, of 2, under one run id (their parent's), every step."""
+    script = tmp_path / "ddp_spawn.py"
+    script.write_text(DDP_SPAWN)
+    tests = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    step_of = {
+        (point.resource.get("rl.rank"), point.time_unix_nano): point.value
+        for point in exporting.points()
+        if point.name == "rl.step"
+    }
+    steps: dict[Any, set[Any]] = {}
+    for point in exporting.points():
+        if point.name == "rl.policy.loss":
+            rank = point.resource.get("rl.rank")
+            steps.setdefault(rank, set()).add(step_of.get((rank, point.time_unix_nano)))
+            assert point.resource["rl.world_size"] == 2
+    assert steps == {0: {0, 1, 2}, 1: {0, 1, 2}}
+    runs = {point.resource["rl.run.id"] for point in exporting.points()}
+    assert len(runs) == 1  # both ranks' parent: one run
