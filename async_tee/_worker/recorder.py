@@ -53,7 +53,8 @@ _PHASES_CACHED = 1024
 """Step phases whose attribute set is kept built; past it each is built per record."""
 
 CATEGORIES_PER_OFFER = 64
-"""Efficiency categories recorded between two offers of the GIL (``_worker/gil``)."""
+"""Efficiency categories (or a trainer's keys) recorded between two offers of the GIL
+(``_worker/gil``)."""
 
 COUNTED_STEPS = 64
 """Distinct steps whose counted keys are remembered; an older step counts again."""
@@ -415,7 +416,12 @@ class RLRecorder:
             tables = self.tables()
             phases = None if stale else tables.get(_STEP_PHASE_KEY)
             logged = None if stale else tables.get(_LOGGED_KEY)
-            for is_phase, name, value in logged_values(metrics, plan, self.skipped):
+            spend = budget().spend
+            for done, (is_phase, name, value) in enumerate(
+                logged_values(metrics, plan, self.skipped), 1
+            ):
+                if done % CATEGORIES_PER_OFFER == 0:  # hundreds of keys: not one hold
+                    spend()
                 if stale:
                     self.skip(STALE_STEP)
                 elif is_phase:
