@@ -71,15 +71,17 @@ def fake_python(tmp_path: Path) -> dict[str, str]:
     }
 
 
+NAME = f"3.99.0-{hashlib.sha256((CI / 'trainers.txt').read_bytes()).hexdigest()[:12]}"
+
+
 def _expected_site(env: dict[str, str]) -> Path:
-    digest = hashlib.sha256((CI / "trainers.txt").read_bytes()).hexdigest()[:12]
-    venv = Path(env["ASYNC_TEE_TRAINERS_CACHE"]) / f"3.99.0-{digest}"
+    venv = Path(env["ASYNC_TEE_TRAINERS_CACHE"]) / NAME
     return venv / "lib" / "python3.99" / "site-packages"
 
 
-def _held_lock(cache: Path) -> int:
+def _held_lock(cache: Path, name: str = NAME) -> int:
     cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache / ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(cache / f".{name}.lock", os.O_WRONLY | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -128,7 +130,7 @@ def test_three_at_once_build_once_and_all_print_the_site_packages(fake_python, t
     assert (venv / "freeze.txt").read_text() == "torch==0\n"
     assert (venv / "bin" / "pip").read_text() == f"#!{venv}/bin/python\n"  # its final path
     assert (venv / "bin" / "python3").is_symlink()
-    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [".lock"]
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [f".{NAME}.lock"]
 
 
 def test_check_takes_no_lock_and_prints_the_site_packages_once_built(fake_python):
@@ -145,10 +147,23 @@ def test_check_takes_no_lock_and_prints_the_site_packages_once_built(fake_python
 
 
 def test_a_killed_builds_leftovers_are_cleared_by_the_next(fake_python):
-    leftover = Path(fake_python["ASYNC_TEE_TRAINERS_CACHE"]) / ".build.abc123"
+    cache = Path(fake_python["ASYNC_TEE_TRAINERS_CACHE"])
+    leftover = cache / f".{NAME}.build.abc123"
     (leftover / "venv" / "bin").mkdir(parents=True)
     assert _run(fake_python).returncode == 0
     assert not leftover.exists()
+
+
+def test_another_pythons_build_goes_on_meanwhile(fake_python):
+    cache = Path(fake_python["ASYNC_TEE_TRAINERS_CACHE"])
+    other = _held_lock(cache, "3.98.0-000000000000")  # another Python's build, under way
+    other_work = cache / ".3.98.0-000000000000.build.abc123"
+    other_work.mkdir()
+    try:
+        assert _run(fake_python).returncode == 0
+    finally:
+        os.close(other)
+    assert other_work.exists()  # not taken for a killed build's
 
 
 def test_use_trainers_env_names_the_site_packages_in_a_pth_of_the_venvs(fake_python, tmp_path):
