@@ -1,14 +1,16 @@
 """verl: a ``Tracking`` backend, and ``install()`` to add it (docs/semantics.md §13).
 
 verl's ``Tracking`` builds its backends from a closed list (``trainer.logger``), so a
-backend of another library gets in by being added to every ``Tracking`` made::
+backend of another library gets in by being added to every ``Tracking`` made, in the process
+that makes it: verl's trainer runs in its TaskRunner Ray actor, so ``install`` is Ray's setup
+hook there::
 
-    import async_tee.integrations.verl
+    python -m verl.trainer.main_ppo ... \
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=async_tee.integrations.verl.install
 
-    async_tee.integrations.verl.install()  # before the trainer makes its Tracking
-    # ... verl's main_ppo / RayPPOTrainer.fit() as usual
+(or ``async_tee.integrations.verl.install()`` in a process that makes its own ``Tracking``).
 
-Each ``Tracking.log(data, step)`` (verl's ``fit()`` logs one dict a step, in the driver) is
+Each ``Tracking.log(data, step)`` (verl's ``fit()`` logs one dict a step) is
 teed under the prefix ``verl`` as that step's last dict.
 """
 
