@@ -81,3 +81,18 @@ def start_for(
     except Exception:  # noqa: BLE001 - never raise into training
         warn_once("integrations:start", "async_tee: starting telemetry for %s failed", trainer)
         return False
+
+
+def deliver(trainer: str, timeout_s: float) -> bool:
+    """At the train's end: record and export what was teed, within ``timeout_s``.
+
+    The last steps leave before the process may be torn down (a Ray actor is killed, not
+    exited); a receiver away keeps the rest in the backlog for the session's own shutdown.
+    Never raises. Returns whether everything was delivered (True with no session running).
+    """
+    try:
+        session = lifecycle.active()
+        return True if session is None else session.flush_and_export(timeout_s)
+    except Exception:  # noqa: BLE001 - never raise into training
+        warn_once("integrations:deliver", "async_tee: delivering at %s's end failed", trainer)
+        return False

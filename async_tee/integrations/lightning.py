@@ -23,8 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from async_tee._declare.trainers import LIGHTNING
 from async_tee._handoff.caller import tee_rl_metrics_to_otel
-from async_tee._session import lifecycle
-from async_tee.integrations._start import start_for
+from async_tee.integrations._start import deliver, start_for
 
 __all__ = ["AsyncTeeLogger"]
 
@@ -44,8 +43,8 @@ def _world_size() -> int | None:
 class AsyncTeeLogger(Logger):  # type: ignore[misc,unused-ignore]
     """Tees every dict Lightning logs; starts telemetry if nothing started it."""
 
-    def __init__(self, flush_timeout_s: float = 30.0) -> None:
-        """``flush_timeout_s``: how long ``finalize`` waits for the worker to record."""
+    def __init__(self, flush_timeout_s: float = 10.0) -> None:
+        """``flush_timeout_s``: how long ``finalize`` waits to deliver what was teed."""
         super().__init__()
         self.flush_timeout_s = flush_timeout_s
         self._started = False
@@ -75,8 +74,8 @@ class AsyncTeeLogger(Logger):  # type: ignore[misc,unused-ignore]
         self._last_step = step
 
     def finalize(self, status: str) -> None:
-        """Finish the last step and wait until the worker recorded it (not the export)."""
+        """Finish the last step and deliver what was teed (bounded by ``flush_timeout_s``)."""
         if self._last_step is not None:
             tee_rl_metrics_to_otel({}, PREFIX, self._last_step, step_finished=True)
             self._last_step = None
-        lifecycle.flush(self.flush_timeout_s)
+        deliver(PREFIX, self.flush_timeout_s)

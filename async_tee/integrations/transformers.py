@@ -22,8 +22,7 @@ from transformers import TrainerCallback
 from async_tee._declare.trainers import TRANSFORMERS
 from async_tee._handoff.caller import tee_rl_metrics_to_otel
 from async_tee._reporting import warn_once
-from async_tee._session import lifecycle
-from async_tee.integrations._start import start_for
+from async_tee.integrations._start import deliver, start_for
 
 __all__ = ["AsyncTeeCallback"]
 
@@ -37,8 +36,8 @@ class AsyncTeeCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
     start after a logged one, an end-of-step marker. Never raises into training.
     """
 
-    def __init__(self, flush_timeout_s: float = 30.0) -> None:
-        """``flush_timeout_s``: how long the train's end waits for the worker to record."""
+    def __init__(self, flush_timeout_s: float = 10.0) -> None:
+        """``flush_timeout_s``: how long the train's end waits to deliver what was teed."""
         self.flush_timeout_s = flush_timeout_s
         self._open_step: int | None = None  # the step logged and not yet finished
 
@@ -70,9 +69,9 @@ class AsyncTeeCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
             self._finish()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Finish the last step and wait until the worker recorded it (not the export)."""
+        """Finish the last step and deliver what was teed (bounded by ``flush_timeout_s``)."""
         self._finish()
-        lifecycle.flush(self.flush_timeout_s)
+        deliver(PREFIX, self.flush_timeout_s)
 
     def _finish(self) -> None:
         step, self._open_step = self._open_step, None

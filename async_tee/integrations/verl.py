@@ -23,8 +23,7 @@ from typing import Any
 from async_tee._declare.trainers import VERL
 from async_tee._handoff.caller import tee_rl_metrics_to_otel
 from async_tee._reporting import warn_once
-from async_tee._session import lifecycle
-from async_tee.integrations._start import start_for
+from async_tee.integrations._start import deliver, start_for
 
 __all__ = ["BACKEND", "AsyncTeeBackend", "install"]
 
@@ -36,7 +35,7 @@ BACKEND = "async_tee"
 class AsyncTeeBackend:
     """What ``Tracking`` asks of a backend: ``log(data, step)`` and ``finish()``."""
 
-    def __init__(self, flush_timeout_s: float = 30.0) -> None:
+    def __init__(self, flush_timeout_s: float = 10.0) -> None:
         """Start telemetry unless it runs (verl logs from its driver: one process)."""
         self.flush_timeout_s = flush_timeout_s
         start_for(PREFIX)
@@ -46,8 +45,8 @@ class AsyncTeeBackend:
         tee_rl_metrics_to_otel(data, PREFIX, step, step_finished=True)
 
     def finish(self) -> None:
-        """Wait until the worker recorded every dict (not the export)."""
-        lifecycle.flush(self.flush_timeout_s)
+        """Deliver what was teed (bounded by ``flush_timeout_s``): a Ray actor is killed."""
+        deliver(PREFIX, self.flush_timeout_s)
 
 
 def install() -> bool:

@@ -11,6 +11,7 @@ delivery (``shutdown_telemetry()`` is True).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -265,3 +266,56 @@ def test_lightning_ranks_spawned_without_a_launcher_export_as_their_own_rank(exp
     assert steps == {0: {0, 1, 2}, 1: {0, 1, 2}}
     runs = {point.resource["rl.run.id"] for point in exporting.points()}
     assert len(runs) == 1  # both ranks' parent: one run
+
+
+RAY_VERL = """
+import json, os, sys
+import ray
+
+ray.init(
+    num_cpus=1, include_dashboard=False, log_to_driver=False,
+    runtime_env={"worker_process_setup_hook": "async_tee.integrations.verl.install"},
+)
+
+@ray.remote
+class TaskRunner:  # where verl's trainer makes its Tracking and logs each step
+    def fit(self):
+        from verl.utils.tracking import Tracking
+        import async_tee
+        tracking = Tracking("async_tee", "ray", default_backend=["console"])
+        for step in (1, 2, 3):
+            tracking.log({"critic/score/mean": step / 10, "timing_s/gen": 1.5}, step=step)
+        tracking.finish()  # verl's end of fit: async_tee's backend delivers here
+        return {"backends": sorted(tracking.logger), "stats": async_tee.stats()}
+
+out = ray.get(TaskRunner.remote().fit.remote())
+ray.shutdown()
+print(json.dumps({"backends": out["backends"], "exports": out["stats"]["delivery"]}))
+"""
+
+
+@pytest.mark.slow
+def test_verl_in_its_ray_actor_gets_the_backend_from_rays_setup_hook(exporting, tmp_path):
+    """verl's trainer makes its ``Tracking`` in a Ray actor: ``install`` as Ray's worker setup
+    hook (the README's command-line override) reaches it, and the actor's steps arrive."""
+    from trainers.required import require
+
+    require("verl.utils.tracking")
+    require("ray")
+    script = tmp_path / "ray_verl.py"
+    script.write_text(RAY_VERL)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["backends"] == ["async_tee", "console"]
+    assert received(exporting, ("rl.reward.mean", frozenset())) == {
+        1: {0.1},
+        2: {0.2},
+        3: {0.3},
+    }
