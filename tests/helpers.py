@@ -7,11 +7,13 @@ Imported by the test modules (``from helpers import ...``); the fixtures live in
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,37 @@ def end_ranks(procs: dict[Any, subprocess.Popen[str]]) -> dict[Any, Any]:
         proc.stdout.close()
         ends[key] = json.loads(lines[-1]).get("delivered") if lines else None
     return ends
+
+
+def behind_a_held_lock(
+    command: list[str], env: dict[str, str], lock: Path, folder: Path, calls: Path, count: int = 3
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``command`` ``count`` times at once while ``lock`` is held (``flock``), so each one
+    surely asks while another would build; once all say they wait, release it. Asserts nothing
+    ran (no line in ``calls``) while the lock was held; returns each run, stdout and stderr."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    logs = [folder / f"caller-{i}.err" for i in range(count)]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for log in logs:
+            with log.open("wb") as err:
+                procs.append(
+                    subprocess.Popen(
+                        command, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+                    )
+                )
+        deadline = time.monotonic() + 30
+        while not all("waiting for it" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text() for log in logs]
+            assert all(p.poll() is None for p in procs), "a build ran past a held lock"
+            time.sleep(0.05)  # polling other processes' output
+        assert not calls.exists(), "the build ran while the lock was held"
+    finally:
+        os.close(held)
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    return [
+        subprocess.CompletedProcess(command, p.returncode, out, log.read_text())
+        for p, out, log in zip(procs, outputs, logs, strict=True)
+    ]

@@ -11,11 +11,11 @@ import fcntl
 import os
 import shutil
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import behind_a_held_lock
 
 from servers import BUILD
 
@@ -72,28 +72,10 @@ def _held_lock(cache: Path) -> int:
 
 def test_three_at_once_build_once_and_all_print_the_built_paths(fake_go, tmp_path):
     cache = Path(fake_go["ASYNC_TEE_SERVERS_CACHE"])
-    lock = _held_lock(cache)  # so all three are surely asking at once
-    logs = [tmp_path / f"build-{i}.err" for i in range(3)]
-    procs = []
-    try:
-        for log in logs:
-            with log.open("wb") as err:
-                procs.append(
-                    subprocess.Popen(
-                        [str(BUILD)], env=fake_go, stdout=subprocess.PIPE, stderr=err, text=True
-                    )
-                )
-        deadline = time.monotonic() + 30
-        while not all("waiting for it" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline, [log.read_text() for log in logs]
-            assert all(p.poll() is None for p in procs), "a build ran past a held lock"
-            time.sleep(0.05)  # polling other processes' output
-        assert not Path(fake_go["FAKE_GO_CALLS"]).exists(), "go ran while the lock was held"
-    finally:
-        os.close(lock)
-    outputs = [p.communicate(timeout=60)[0] for p in procs]
-
-    assert [p.returncode for p in procs] == [0, 0, 0], [log.read_text() for log in logs]
+    calls_log = Path(fake_go["FAKE_GO_CALLS"])
+    runs = behind_a_held_lock([str(BUILD)], fake_go, cache / ".lock", tmp_path, calls_log)
+    assert [run.returncode for run in runs] == [0, 0, 0], [run.stderr for run in runs]
+    outputs = [run.stdout for run in runs]
     calls = Counter(Path(fake_go["FAKE_GO_CALLS"]).read_text().splitlines())
     assert calls
     assert max(calls.values()) == 1, calls  # each build step ran once, not thrice

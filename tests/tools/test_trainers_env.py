@@ -13,11 +13,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import behind_a_held_lock
 
 CI = Path(__file__).parents[2] / ".ci"
 TRAINERS_ENV = CI / "trainers-env"
@@ -93,29 +93,11 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_three_at_once_build_once_and_all_print_the_site_packages(fake_python, tmp_path):
     cache = Path(fake_python["ASYNC_TEE_TRAINERS_CACHE"])
-    lock = _held_lock(cache)  # so all three are surely asking at once
-    logs = [tmp_path / f"build-{i}.err" for i in range(3)]
     command = [str(TRAINERS_ENV), "--python", fake_python["FAKE_PYTHON"]]
-    procs = []
-    try:
-        for log in logs:
-            with log.open("wb") as err:
-                procs.append(
-                    subprocess.Popen(
-                        command, env=fake_python, stdout=subprocess.PIPE, stderr=err, text=True
-                    )
-                )
-        deadline = time.monotonic() + 30
-        while not all("waiting for it" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline, [log.read_text() for log in logs]
-            assert all(p.poll() is None for p in procs), "a build ran past a held lock"
-            time.sleep(0.05)  # polling other processes' output
-        assert not Path(fake_python["FAKE_PY_CALLS"]).exists(), "pip ran while the lock was held"
-    finally:
-        os.close(lock)
-    outputs = [p.communicate(timeout=60)[0] for p in procs]
-
-    assert [p.returncode for p in procs] == [0, 0, 0], [log.read_text() for log in logs]
+    calls_log = Path(fake_python["FAKE_PY_CALLS"])
+    runs = behind_a_held_lock(command, fake_python, cache / f".{NAME}.lock", tmp_path, calls_log)
+    assert [run.returncode for run in runs] == [0, 0, 0], [run.stderr for run in runs]
+    outputs = [run.stdout for run in runs]
     calls = Counter(Path(fake_python["FAKE_PY_CALLS"]).read_text().splitlines())
     assert calls == {
         "install -q --upgrade pip": 1,
