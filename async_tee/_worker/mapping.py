@@ -497,14 +497,9 @@ def logged_values(
     every other key is passed through as it was logged. Values that are not scalars are
     left out (and counted in ``skipped``).
     """
-    read, phase_prefix = plan.read, plan.phase_prefix
-    for key, raw in metrics.items():
-        if key in read or not isinstance(key, str) or not key or raw is None:
-            continue
-        value = as_scalar(raw)
-        if value is None:
-            count_skipped(skipped, skip_reason(raw))
-        elif phase_prefix and key.startswith(phase_prefix) and len(key) > len(phase_prefix):
+    phase_prefix = plan.phase_prefix
+    for key, value in step_phase_values(metrics, plan.read, skipped):  # the same reading
+        if phase_prefix and key.startswith(phase_prefix) and len(key) > len(phase_prefix):
             yield True, key[len(phase_prefix) :], value
         else:
             yield False, key, value
