@@ -142,7 +142,11 @@ def test_past_the_bound_exactly_the_oldest_requests_go_counted(sink):
     _wait_delivered(session)  # its flush request may push one more out
     dropped = _delivery()["dropped"]["overflow"]
     steps = sorted({step for step, _ in _steps_received(sink)})
-    assert steps == [float(s) for s in range(11 - len(steps), 11)]  # the newest only
+    # The newest only, and the request in flight when the drops began (never dropped: it is
+    # being sent), which on a loaded box can be an older one, sent once the receiver answers.
+    in_flight = steps[:1] if len(steps) > 1 and steps[1] != steps[0] + 1 else []
+    newest = steps[len(in_flight) :]
+    assert newest == [float(s) for s in range(11 - len(newest), 11)]
     assert len(steps) + dropped == 10
     _wait_delivered(session)  # a request built after the last drop: its count, exported
     latest = sink.latest()
