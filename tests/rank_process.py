@@ -115,6 +115,9 @@ def main() -> None:
                 )
                 validation = {"accuracy": 0.5, "avg_length": 90.0, "pass_k": 0.75}
                 async_tee.tee_rl_metrics_to_otel(validation, "validation", steps)
+                # a trainer's key of its own (§13), so rl.logged.value has data too
+                mine = {"rewards/format/mean": 0.5 + rank}
+                async_tee.tee_rl_metrics_to_otel(mine, "transformers", steps)
             finished = call.get("step_finished", False)
             async_tee.tee_rl_metrics_to_otel(metrics, call["prefix"], steps, finished)
         progress[:] = [steps, time.monotonic()]

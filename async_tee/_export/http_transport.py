@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import gzip
 import http.client
+import os
+import select
 import socket
 import ssl
 import threading
+import time
 import zlib
 from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from async_tee._export.transport import (
@@ -23,6 +28,10 @@ from async_tee._export.transport import (
 )
 from async_tee._settings import Settings, redact_url
 from async_tee._version import __version__
+
+ABORT_SLICE_S = 0.05
+"""How often a connect in progress looks whether the send was aborted."""
+_CONNECTING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK, errno.EINTR)
 
 _COMPRESS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": gzip.compress,
@@ -130,12 +139,10 @@ class HttpTransport:
             sock = socket.socket(family, kind, proto)
             self._opening = sock
             try:
-                if self.aborted:  # abort() ran before the socket was visible to it
-                    raise ConnectionAbortedError("the send was aborted")
-                sock.settimeout(timeout)
                 if source_address is not None:
                     sock.bind(source_address)
-                sock.connect(where)
+                self._connect_socket(sock, where, timeout)
+                sock.settimeout(timeout)
             except OSError as exc:
                 sock.close()
                 error = exc
@@ -146,6 +153,30 @@ class HttpTransport:
                 self._opening = None
             return sock
         raise error
+
+    def _connect_socket(self, sock: socket.socket, where: Any, timeout: float | None) -> None:
+        """Connect ``sock`` within ``timeout``, looking at ``aborted`` every ``ABORT_SLICE_S``.
+
+        A socket shut down before its ``connect()`` began would still connect (Linux ignores
+        the shutdown of an unconnected socket), so abort() could miss a send that was about to
+        connect: the connect is waited for in slices instead, each ending on ``aborted``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sock.setblocking(False)
+        code = sock.connect_ex(where)
+        while code in _CONNECTING:
+            if self.aborted:
+                raise ConnectionAbortedError("the send was aborted")
+            left = ABORT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            _, writable, failed = select.select([], [sock], [sock], min(left, ABORT_SLICE_S))
+            if writable or failed:
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if self.aborted:
+            raise ConnectionAbortedError("the send was aborted")
+        if code:
+            raise OSError(code, os.strerror(code))
 
     def send(self, data: bytes, timeout_s: float) -> Answer:
         """Post ``data``; the answer as the OTLP specification classes it. Never raises."""
