@@ -8,10 +8,10 @@ is skipped alone).
 **The trainers** are the toy runs of ``tests/trainers`` on CPU (a one-layer Llama of hidden size
 16 and a word tokenizer, built there): TRL's ``GRPOTrainer`` and a plain ``transformers.Trainer``
 with ``AsyncTeeCallback``, a Lightning ``Trainer`` with ``AsyncTeeLogger``, each logging every
-step; verl's real ``Tracking`` (its console backend, printing to ``/dev/null``) with
-``AsyncTeeBackend``, logging verl's realistic GRPO step dict (``verl_toys.VERL_STEP_METRICS``,
-86 keys) every ``VERL_GAP_S`` (verl's ``fit`` needs GPUs; its driver waits on Ray between two
-logs, the GIL free, as the sleep here).
+step, torch on one thread (``one_torch_thread``); verl's real ``Tracking`` (its console backend,
+printing to ``/dev/null``) with ``AsyncTeeBackend``, logging verl's realistic GRPO step dict
+(``verl_toys.VERL_STEP_METRICS``, 76 keys) every ``VERL_GAP_S`` (verl's ``fit`` needs GPUs; its
+driver waits on Ray between two logs, the GIL free, as the sleep here).
 
 **A step** is timed by a callback that sees its boundaries: from one step's start to the next's
 (HF: ``on_step_begin``; Lightning: a ``Callback``'s ``on_train_batch_start``), so the logging
@@ -27,16 +27,17 @@ interval). Per trainer a warm-up run (not measured), then ``--rounds`` rounds of
 and one ``on`` run each, their order rotated per round, so the machine's drift hits both.
 Ratios are ``on`` over ``off`` in the same run: of the p50 step and of the sum of the steps.
 
-**The hooks.** Every hook of the integration (its methods ``HOOKS`` names) is wrapped with a
+**The hooks.** Every hook of the integration (the methods ``Trainer.hooks`` names) is wrapped in a
 ``perf_counter_ns`` pair, and the ``tee_rl_metrics_to_otel`` it calls too (the integration
 module's name, patched for the run): per step, the time in hooks on the training thread and of
 it in the tee call (the tee's own cost, of the same dict at the same moment; the rest is the
-hook's extra), and per hook method, per call. The worker's and the exporting thread's CPU
+hook's extra, the timing's own cost included: ``wrapper_floor``), and per hook method, per
+call. The worker's and the exporting thread's CPU
 (``pthread_getcpuclockid``) over the run, per step, is the cost off the training thread.
 
-The toys' steps take milliseconds, real RL steps 0.6 s to 20 minutes: the ratios here are an
-upper bound; the hooks' absolute µs is what carries over.
-Full: 6 rounds (about 6 minutes on a 2-core VM). ``--quick``: one round of a few steps.
+The toys' steps take milliseconds, real RL steps 0.6 s to 20 minutes: the ratios here
+overstate what a real run pays; the hooks' absolute µs is what carries over.
+Full: 8 rounds (about 7 minutes on a 2-core VM). ``--quick``: one round of a few steps.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ HEAVY = ("torch", "transformers", "trl", "datasets", "tokenizers", "lightning", 
 VARIANTS = ("off", "on")
 WARM_STEPS = 1  # a run's first step: lazy initialisation, the first generation
 VERL_GAP_S = 0.01
+TORCH_THREADS = 1
 THREADS = ("async-tee-worker", "async-tee-export")
 
 
@@ -130,7 +132,7 @@ TRAINERS = (
         "lightning",
         "Trainer(logger=[..., AsyncTeeLogger()])",
         ("log_hyperparams", "log_metrics", "finalize"),
-        steps=302,
+        steps=1002,
         quick_steps=6,
     ),
     Trainer(
@@ -246,6 +248,29 @@ def quiet_trainers() -> None:
     """The trainers' banners and tips off: stdout carries the report."""
     for name in ("lightning.pytorch", "lightning.fabric", "transformers", "trl"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def one_torch_thread() -> None:
+    """torch's CPU ops on the training thread alone (``TORCH_THREADS``).
+
+    With one thread a core, any other process on the machine stalls OpenMP's barrier: the
+    toys' steps went from 4 and 16 ms to 110 and 200 ms for whole runs (seen on 2 cores),
+    which no ratio survives. A real trainer's CPU side launches GPU kernels from one thread.
+    """
+    import torch
+
+    torch.set_num_threads(TORCH_THREADS)
+
+
+def wrapper_floor(calls: int = 20_000) -> dict[str, Any]:
+    """What the timing itself adds to a hook call: an empty hook calling an empty tee, warm."""
+    timeline = Timeline()
+    tee = timeline.tee(lambda: None)
+    hook = timeline.hook("empty", lambda: tee())
+    for _ in range(calls):
+        hook()
+    timed = timeline.calls["empty"][calls // 10 :]
+    return {"hook_us": _us([h for h, _ in timed]), "extra_us": _us([h - t for h, t in timed])}
 
 
 def hf_run(trainer: Trainer, on: bool, steps: int, timeline: Timeline) -> None:
@@ -502,6 +527,10 @@ def summarise(trainer: Trainer, runs: Sequence[Run]) -> dict[str, Any]:
             / max(1, sum(r.timeline.boundaries for r in on_runs))
         ),
         "dropped": sum(r.session.get("dropped", 0) for r in on_runs),
+        "steps_before_shutdown": {  # the last one is exported at shutdown
+            k: sum(r.session["steps"][k] for r in on_runs if r.session)
+            for k in ("completed", "exported", "coalesced")
+        },
         "shutdown_ok": all(r.session.get("shutdown_ok") for r in on_runs),
     }
 
@@ -526,6 +555,7 @@ HOOK_HEADER = (
     "hooks % of step",
     "dicts teed/step",
     "worker+exporter CPU µs/step",
+    "steps exported/completed",
     "dropped",
 )
 CALL_HEADER = ("trainer", "hook", "calls", "hook µs p50 / p99 / max", "tee µs p50 / p99 / max")
@@ -572,6 +602,7 @@ def hook_rows(trainers: dict[str, Any]) -> list[tuple[str, ...]]:
             fmt_opt(t["hook_pct_of_step"], ".3f"),
             fmt_opt(t["dicts_teed_per_step"], ".2f"),
             fmt_opt(t["threads_cpu_us_per_step"], ".0f"),
+            "{exported}/{completed}".format(**t["steps_before_shutdown"]),
             str(t["dropped"]),
         )
         for t in trainers.values()
@@ -602,30 +633,40 @@ def section(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     steps = ", ".join(f"{name} {n}" for name, n in cfg["steps"].items())
     trainers = report["trainers"]
+    floor = report["wrapper_floor"]
     return [
-        f"{cfg['rounds']} rounds of one run with the integration (`on`) and one without "
-        f"(`off`), order rotated per round, after a warm-up run; steps a run: {steps} (the "
-        f"first and last left out). The toy trainers of `tests/trainers` on CPU (a one-layer "
-        "Llama of hidden size 16, a word tokenizer; Lightning: a linear regression), logging "
-        "every step; a step is timed from its start to the next one's (HF `on_step_begin`, "
-        "Lightning `on_train_batch_start`), so the logging after it is inside. verl's step "
-        "is one `Tracking.log` call of its 86-key GRPO dict (console backend to /dev/null; "
-        f"against console + async_tee), {cfg['verl_gap_s'] * 1000:g} ms apart (its `fit` "
-        "needs GPUs). `on`: telemetry exporting over OTLP/HTTP to an `OtlpSink` in a child "
-        "process (step export on, its default 1 s minimum interval).",
+        f"{cfg['rounds']} rounds per trainer of one run with the integration (`on`) and one "
+        f"without (`off`), their order rotated per round, after a warm-up run; steps a run: "
+        f"{steps} (each run's first left out, and the trainers' last: it has no next start). "
+        "The toy trainers of `tests/trainers` on CPU (a one-layer Llama of hidden size 16 and "
+        "a word tokenizer; Lightning: a linear regression), logging every step, torch on "
+        f"{cfg['torch_threads']} thread; a step is timed from its start to the next one's "
+        "(HF `on_step_begin`, Lightning `on_train_batch_start`), so the logging after it is "
+        "inside. verl's step is one `Tracking.log` call of its 76-key GRPO dict (console "
+        "backend, to /dev/null, against console + async_tee), "
+        f"{cfg['verl_gap_s'] * 1000:g} ms apart (its `fit` needs GPUs). `on`: telemetry "
+        "exporting over OTLP/HTTP to an `OtlpSink` in a child process (step export on, with "
+        "its default 1 s minimum interval).",
         "",
         "**These toy steps take milliseconds; real RL steps take 0.6 s to 20 minutes.** The "
-        "ratios below are an upper bound for a real run; what carries over is the hooks' "
+        "ratios below overstate what a real run pays; what carries over is the hooks' "
         "absolute time (µs per step) against a real step's length.",
         "",
         *md_table(STEP_HEADER, step_rows(trainers)),
         "",
-        "Time inside the integration's hooks on the training thread, per step (every hook "
+        "Time inside the integration's hooks on the training thread per step (every hook "
         "call a step makes, wrapped in `perf_counter_ns`), and of it the "
         "`tee_rl_metrics_to_otel` calls the hooks make (timed inside them: the tee's own "
-        "cost, the same dict at the same moment); the hook's extra is the rest. Hooks % of "
-        "step: their sum over the `on` steps' sum. Worker + exporter CPU: those threads' CPU "
-        "time over the `on` runs, per step (off the training thread, but on its cores).",
+        "cost, of the same dict at the same moment); the hook's extra is the rest, the "
+        f"timing's own {fmt((floor['extra_us'] or {}).get('p50'))} µs a call included (an "
+        "empty hook calling an empty tee, warm). A hook called once a step runs with cold "
+        "caches: slower than the same call in a tight loop. Hooks % of step: their sum over "
+        "the `on` steps' sum. Worker + exporter CPU: those threads' CPU time over the `on` "
+        "runs, per step (off the training thread, on the machine's cores). Steps exported: "
+        "before shutdown (the last is exported at shutdown); with steps of milliseconds the "
+        "1 s minimum interval folds them into about one export a second, where a real run's "
+        "steps of a second or more are exported one by one (the cost of an export, off the "
+        "training thread: `bench_export.py`).",
         "",
         *md_table(HOOK_HEADER, hook_rows(trainers)),
         "",
@@ -653,10 +694,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_config(args: argparse.Namespace) -> Config:
-    """Full: 6 rounds of ``Trainer.steps``; quick: 1 round of ``quick_steps``, verl unpaced."""
+    """Full: 8 rounds of ``Trainer.steps``; quick: 1 round of ``quick_steps``, verl unpaced."""
     return Config(
         quick=args.quick,
-        rounds=args.rounds or (1 if args.quick else 6),
+        rounds=args.rounds or (1 if args.quick else 8),
         steps={t.name: t.quick_steps if args.quick else t.steps for t in TRAINERS},
         verl_gap_s=0.0 if args.quick else VERL_GAP_S,
     )
@@ -674,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": cfg.steps,
             "warm_steps": WARM_STEPS,
             "verl_gap_s": cfg.verl_gap_s,
+            "torch_threads": TORCH_THREADS,
         },
     }
     absent = missing(HEAVY)
@@ -686,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_logging()
         toys()  # offline before anything imports the Hub
         quiet_trainers()
+        one_torch_thread()
+        report["wrapper_floor"] = wrapper_floor()
         chosen = [t for t in TRAINERS if not args.trainer or t.name in args.trainer]
         report["trainers"] = {}
         with contextlib.ExitStack() as stack:

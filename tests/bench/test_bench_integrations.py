@@ -47,6 +47,7 @@ def test_quick_run_times_every_trainer_on_and_off(tmp_path):
 
     assert "skipped" not in report
     assert report["config"]["quick"] is True
+    assert report["wrapper_floor"]["hook_us"]["p50"] > 0
     rounds, steps = report["config"]["rounds"], report["config"]["steps"]
     trainers = report["trainers"]
     assert set(trainers) == set(PER_STEP)
@@ -85,6 +86,8 @@ def test_quick_run_times_every_trainer_on_and_off(tmp_path):
         per_call = trainer["hook_calls"]
         assert set(PER_STEP[name]) <= {hook for hook, c in per_call.items() if c["per_step"]}
         assert trainer["dropped"] == 0
+        # every step the on runs logged reached the worker as a step of its own
+        assert trainer["steps_before_shutdown"]["completed"] == rounds * steps[name]
         assert trainer["shutdown_ok"] is True
     page = out.with_suffix(".md").read_text()
     assert "real RL steps take 0.6 s to 20 minutes" in page
