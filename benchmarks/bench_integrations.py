@@ -37,7 +37,7 @@ call. The worker's and the exporting thread's CPU
 
 The toys' steps take milliseconds, real RL steps 0.6 s to 20 minutes: the ratios here
 overstate what a real run pays; the hooks' absolute µs is what carries over.
-Full: 8 rounds (about 7 minutes on a 2-core VM). ``--quick``: one round of a few steps.
+Full: 8 rounds (about 3.5 minutes on a 2-core VM). ``--quick``: one round of a few steps.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ TRAINERS = (
         "transformers",
         "callbacks=[AsyncTeeCallback()]",
         ("on_train_begin", "on_step_begin", "on_log", "on_train_end"),
-        steps=32,
+        steps=152,
         quick_steps=4,
     ),
     Trainer(
@@ -123,7 +123,7 @@ TRAINERS = (
         "transformers",
         "callbacks=[AsyncTeeCallback()]",
         ("on_train_begin", "on_step_begin", "on_log", "on_train_end"),
-        steps=42,
+        steps=402,
         quick_steps=4,
     ),
     Trainer(
@@ -141,7 +141,7 @@ TRAINERS = (
         "verl",
         'Tracking.logger["async_tee"] = AsyncTeeBackend()',
         ("log", "finish"),
-        steps=300,
+        steps=500,
         quick_steps=5,
         needs=("verl",),
     ),
@@ -565,6 +565,10 @@ def _slash(figures: dict[str, float] | None, names: Sequence[str]) -> str:
     return "" if figures is None else " / ".join(fmt(figures[n]) for n in names)
 
 
+def _loads(loads: Sequence[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in loads)
+
+
 def _skipped(part: dict[str, Any]) -> str | None:
     return part.get("skipped")
 
@@ -646,13 +650,20 @@ def section(report: dict[str, Any]) -> list[str]:
         "backend, to /dev/null, against console + async_tee), "
         f"{cfg['verl_gap_s'] * 1000:g} ms apart (its `fit` needs GPUs). `on`: telemetry "
         "exporting over OTLP/HTTP to an `OtlpSink` in a child process (step export on, with "
-        "its default 1 s minimum interval).",
+        "its default 1 s minimum interval). Load average (1, 5, 15 min) before: "
+        f"{_loads(report['load_before'])}, after: {_loads(report['load_after'])} (other "
+        "processes on the machine).",
         "",
         "**These toy steps take milliseconds; real RL steps take 0.6 s to 20 minutes.** The "
         "ratios below overstate what a real run pays; what carries over is the hooks' "
         "absolute time (µs per step) against a real step's length.",
         "",
         *md_table(STEP_HEADER, step_rows(trainers)),
+        "",
+        "What an `on` step gains beyond its hooks (next table) is the other threads' work on "
+        "the same cores and GIL: the worker mapping each dict, the exporting thread sending "
+        "(their CPU per step in the next table), which a step of milliseconds meets often. A "
+        "sum takes in a run's slow steps too, so the rounds' sums scatter more than the p50.",
         "",
         "Time inside the integration's hooks on the training thread per step (every hook "
         "call a step makes, wrapped in `perf_counter_ns`), and of it the "
@@ -717,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             "verl_gap_s": cfg.verl_gap_s,
             "torch_threads": TORCH_THREADS,
         },
+        "load_before": os.getloadavg(),  # the machine is shared: what else ran, 1/5/15 min
     }
     absent = missing(HEAVY)
     if absent:
@@ -743,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 runs = run_trainer(trainer, cfg, receiver)
                 report["trainers"][trainer.name] = summarise(trainer, runs)
+    report["load_after"] = os.getloadavg()
     report["duration_s"] = time.perf_counter() - started
     if _skipped(report):
         console = [f"Skipped: {report['skipped']}"]
