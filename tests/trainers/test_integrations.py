@@ -131,4 +131,7 @@ def test_lightning_every_key_of_every_step_reaches_the_receiver_at_its_step(expo
     want = assert_every_step_arrived(exporting, trainer_keys.LIGHTNING, logged, 1)
     names = {series[0] for series in want}
     assert {"rl.policy.loss", "rl.reward.mean", "rl.kl.divergence"} <= names
-    assert ("rl.logged.value", frozenset({("rl.trainer", "lightning"), ("rl.key", "lr-SGD")})) in want
+    assert (
+        "rl.logged.value",
+        frozenset({("rl.trainer", "lightning"), ("rl.key", "lr-SGD")}),
+    ) in want
