@@ -9,6 +9,9 @@ the next): ``bench_latency.py`` (caller latency in 9 conditions against the floo
 inline tee and janus, and MLflow, tensorboardX, OTel's batch log processor and statsd
 against the tee: two tables from one run, the ``caller`` and ``baselines`` parts),
 ``bench_overhead.py`` (step time of a simulated training loop with and without the tee),
+``bench_integrations.py`` (a real trainer's step time with its integration on and off, and the
+time in the integration's hooks: TRL's GRPOTrainer, a transformers Trainer, Lightning, verl's
+``Tracking.log``; skipped, saying why, without the trainers' packages of ``.ci/trainers.txt``),
 ``bench_export.py`` (the exporting thread's and the worker's CPU per step-aligned export,
 against periodic export, and the process CPU per step against the OTel SDK alone),
 ``bench_memory.py`` (RSS through 10^6 calls against a stalled receiver), ``bench_sizes.py``
@@ -29,7 +32,7 @@ inline tee beside absolute times, and the issue's targets with whether each hold
 ``latency.png`` (``plot.py``). A full run into ``results/latest.json`` then regenerates the
 README's summary table (``summary.py``).
 
-Full: about 20 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
+Full: about 25 minutes on a 2-core VM. ``--quick``: a smoke run of each part (about a
 minute), written to a temp dir unless ``--out`` is given; no figure to rely on.
 """
 
@@ -49,6 +52,7 @@ import bench_alerts
 import bench_export
 import bench_gc
 import bench_handover
+import bench_integrations
 import bench_latency
 import bench_memory
 import bench_overhead
@@ -65,6 +69,10 @@ Section = tuple[str, Callable[[dict[str, Any]], list[str]]]
 SECTIONS: dict[str, Section] = {
     **bench_latency.SECTIONS,  # "caller" and "baselines"
     "overhead": ("Training-loop overhead (bench_overhead.py)", bench_overhead.section),
+    "integrations": (
+        "The trainers' integrations: step time on and off (bench_integrations.py)",
+        bench_integrations.section,
+    ),
     "export": ("Step-aligned export CPU (bench_export.py)", bench_export.section),
     "memory": ("Bounded memory under overload (bench_memory.py)", bench_memory.section),
     "sizes": ("Large dicts: key filter against whole copy (bench_sizes.py)", bench_sizes.section),
@@ -82,6 +90,7 @@ PARTS = tuple(SECTIONS)
 SCRIPTS: dict[str, tuple[str, ...]] = {
     "latency": tuple(bench_latency.SECTIONS),
     "overhead": ("overhead",),
+    "integrations": ("integrations",),
     "export": ("export",),
     "memory": ("memory",),
     "sizes": ("sizes",),
@@ -156,6 +165,26 @@ def overhead_targets(overhead: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{_opt(cell['worker_cpu_per_step_us'], '.0f')} µs/step "
                 f"({_opt(cell['threads_cpu_pct_of_step'], '.3f')} % of the step with the "
                 f"exporter); step time {_opt(cell['overhead_pct_mean'], '+.1f')} % (mean)",
+                "reported",
+            )
+        )
+    return rows
+
+
+def integrations_targets(integrations: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Each trainer's step time on over off, and its hooks' time per step (reported)."""
+    rows = []
+    for trainer in integrations.get("trainers", {}).values():
+        if "skipped" in trainer:
+            continue
+        hooks, tee = trainer["hook_us_per_step"] or {}, trainer["tee_us_per_step"] or {}
+        rows.append(
+            (
+                f"step time with the integration, {trainer['label']} (toy steps)",
+                f"on/off sum x{_opt(trainer['ratio']['sum'], '.3f')}, p50 "
+                f"x{_opt(trainer['ratio']['p50'], '.3f')}; hooks {_opt(hooks.get('p50'), '.1f')} "
+                f"µs/step p50, {_opt(hooks.get('p99'), '.1f')} p99 (the tee "
+                f"{_opt(tee.get('p50'), '.1f')} µs p50)",
                 "reported",
             )
         )
@@ -264,6 +293,7 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return (
         caller_targets(report.get("caller", {}))
         + overhead_targets(report.get("overhead", {}))
+        + integrations_targets(report.get("integrations", {}))
         + export_targets(report.get("export", {}))
         + memory_targets(report.get("memory", {}))
         + sizes_targets(report.get("sizes", {}))

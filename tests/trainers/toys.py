@@ -264,11 +264,12 @@ def run_lightning(
     logger: pl.loggers.Logger | Sequence[pl.loggers.Logger],
     output_dir: Path,
     steps: int = 3,
+    callbacks: Sequence[pl.Callback] = (),
 ) -> LightningRun:
     """A real ``lightning.Trainer`` fitting ``ToyModule`` for ``steps`` steps on CPU.
 
     ``logger`` (one or several) after a ``RecordingLogger``; a ``LearningRateMonitor`` logs
-    ``lr-SGD`` too.
+    ``lr-SGD`` too, before ``callbacks``.
     """
     recorder = RecordingLogger()
     loggers = [logger] if isinstance(logger, pl.loggers.Logger) else list(logger)
@@ -283,7 +284,7 @@ def run_lightning(
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=[recorder, *loggers],
-        callbacks=[pl.callbacks.LearningRateMonitor()],
+        callbacks=[pl.callbacks.LearningRateMonitor(), *callbacks],
         default_root_dir=str(output_dir),
     )
     with _lightning_warnings():
