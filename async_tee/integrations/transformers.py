@@ -59,7 +59,7 @@ class AsyncTeeCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
     ) -> None:
         """Tee the dict at the step it was logged in."""
         if logs:
-            step = state.global_step
+            step = getattr(state, "global_step", None)  # never raise into the Trainer
             tee_rl_metrics_to_otel(logs, PREFIX, step)
             self._open_step = step
 
