@@ -122,10 +122,21 @@ def _first_times(samples: list[tuple[float, float]]) -> dict[float, float]:
     return first
 
 
-def _scrape(port: int) -> dict[str, float]:
-    """A server's own ``/metrics``: each sample's value by its line's name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+def _scrape(port: int, within_s: float = 30.0) -> dict[str, float]:
+    """A server's own ``/metrics``: each sample's value by its line's name and labels.
+
+    Polled until it answers: a restarted Collector takes its OTLP port before it serves its own
+    telemetry (refused once in a run on a loaded box)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # polling an external server's start
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
