@@ -28,6 +28,9 @@ class LauncherRanks:
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"  # "/v1/metrics" appended
 DEFAULT_PROMETHEUS_PORT = 9464
+DEFAULT_TRAINER_KEYS = 256
+"""Distinct keys a trainer's prefix passes through to ``rl.logged.value`` in a session
+(``ASYNC_TEE_TRAINER_KEYS``; docs/semantics.md §13): within the series' attribute-set bound."""
 DEFAULT_HELD_TTL_S = 90.0
 """How long a held series' value is exported after it was last logged (``ASYNC_TEE_HELD_TTL``).
 
@@ -48,6 +51,7 @@ class Settings:
     shutdown_timeout_s: float = 5.0
     max_attribute_sets: int = 512
     held_ttl_s: float = DEFAULT_HELD_TTL_S
+    trainer_keys: int = DEFAULT_TRAINER_KEYS
     flush_signals: tuple[str, ...] = ("TERM",)
     step_export: bool = True
     min_export_interval_s: float = 1.0

@@ -43,6 +43,10 @@ ASYNC_TEE_HELD_TTL = "ASYNC_TEE_HELD_TTL"
 """float seconds, default 90: a held series' attribute set not logged again for this long is
 withdrawn from exports until it is logged again (0: held for good; docs/semantics.md §3g)."""
 
+ASYNC_TEE_TRAINER_KEYS = "ASYNC_TEE_TRAINER_KEYS"
+"""int, default 256: distinct keys each trainer's prefix passes through to ``rl.logged.value``
+in a session; a later new key is counted (``key_limit``) and named once (docs/semantics.md §13)."""
+
 ASYNC_TEE_STEP_EXPORT = "ASYNC_TEE_STEP_EXPORT"
 """bool, default true: export each completed step over OTLP as its own export (a provider
 async_tee builds; Prometheus is scraped and keeps its scrape interval)."""
@@ -553,6 +557,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             env, ASYNC_TEE_MAX_ATTRIBUTE_SETS, defaults.max_attribute_sets, 1, 100_000
         ),
         held_ttl_s=_number(env, ASYNC_TEE_HELD_TTL, defaults.held_ttl_s, 0.0, 86_400.0),
+        trainer_keys=_integer(env, ASYNC_TEE_TRAINER_KEYS, defaults.trainer_keys, 0, 100_000),
         flush_signals=_signals(env),
         step_export=_bool(env, ASYNC_TEE_STEP_EXPORT, defaults.step_export),
         min_export_interval_s=_number(

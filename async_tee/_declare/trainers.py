@@ -4,16 +4,12 @@ Each integration (``async_tee.integrations``) tees a trainer's logged dicts unde
 trainer's own prefix. There, a key an alias names is recorded into the ``rl.*`` series a
 NeMo-RL key of the same meaning feeds, so one dashboard shows every trainer; a key under the
 trainer's phase prefix is a step phase; every other key is recorded as it was logged, into
-``rl.logged.value{rl.trainer, rl.key}``, up to :data:`LOGGED_KEYS_PER_TRAINER` keys.
+``rl.logged.value{rl.trainer, rl.key}``, up to ``ASYNC_TEE_TRAINER_KEYS`` keys (256).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-LOGGED_KEYS_PER_TRAINER = 256
-"""Distinct keys a trainer's prefix passes through to ``rl.logged.value`` in a session; a
-key past them is counted (``values.skipped{reason=key_limit}``) and named once."""
 
 
 @dataclasses.dataclass(frozen=True)

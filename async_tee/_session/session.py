@@ -114,6 +114,7 @@ class Pipeline:
             self.settings.queue_size,
             self.settings.drain_interval_s,
             on_step=self._signals.check,
+            trainer_keys=self.settings.trainer_keys,
         )
 
     @property

@@ -10,6 +10,7 @@ from async_tee._handoff import caller as _caller
 from async_tee._handoff.caller import Snapshot
 from async_tee._handoff.queue import DropOldestQueue
 from async_tee._reporting import warn_once
+from async_tee._settings import DEFAULT_TRAINER_KEYS
 from async_tee._worker.loop import Consumer, Worker
 from async_tee._worker.mapping import (
     LEFT_OUT_REASON,
@@ -113,13 +114,14 @@ def new_worker(
     queue_size: int,
     drain_interval_s: float,
     on_step: Callable[[], object],
+    trainer_keys: int = DEFAULT_TRAINER_KEYS,
 ) -> tuple[SnapshotConsumer, DropOldestQueue[Snapshot], Worker]:
     """A session's queue, its consumer over ``tables`` and the worker draining it, not started.
 
     ``step_reader``: the reader each completed step is collected for, if steps are exported.
     """
     queue: DropOldestQueue[Snapshot] = DropOldestQueue(queue_size)
-    recorder = RLRecorder(tables)
+    recorder = RLRecorder(tables, trainer_keys=trainer_keys)
     steps = StepClock(recorder.record_step, step_reader, policy)
     consumer = SnapshotConsumer(recorder, steps, queue, on_step)
     worker = Worker(

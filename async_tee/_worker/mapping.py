@@ -84,7 +84,7 @@ FLEET_SHARDS_PREFIX = "gen_fleet/shards/"
 PER_SHARD_PREFIXES = ("gen_fleet/restart_attempts/", "gen_fleet/shard_weight_version/")
 
 KEY_LIMIT = "key_limit"
-"""A trainer's key past the keys its prefix passes through (``LOGGED_KEYS_PER_TRAINER``)."""
+"""A trainer's key past the keys its prefix passes through (``ASYNC_TEE_TRAINER_KEYS``)."""
 
 HELD_EXPIRED = "held_expired"
 """A held series' attribute set withdrawn from exports: not logged again within

@@ -16,8 +16,8 @@ from async_tee._declare.rows import (
     EfficiencyCategory,
     TeedMetric,
 )
-from async_tee._declare.trainers import LOGGED_KEYS_PER_TRAINER
 from async_tee._reporting import warn_once
+from async_tee._settings import DEFAULT_TRAINER_KEYS
 from async_tee._worker.gil import budget
 from async_tee._worker.mapping import (
     KEY_LIMIT,
@@ -138,8 +138,12 @@ class RLRecorder:
         instruments: Tables,
         rows: tuple[TeedMetric, ...] | None = None,
         categories: Mapping[str, EfficiencyCategory] | None = None,
+        trainer_keys: int = DEFAULT_TRAINER_KEYS,
     ) -> None:
-        """Bind the recorder to a meter's instruments and the declarations (the current ones)."""
+        """Bind the recorder to a meter's instruments and the declarations (the current ones).
+
+        ``trainer_keys``: distinct keys each trainer's prefix passes through (§13).
+        """
         rows = teed_metrics() if rows is None else rows
         categories = efficiency_categories() if categories is None else categories
         self.instruments = instruments
@@ -156,6 +160,7 @@ class RLRecorder:
         self._phases: dict[str, FrozenAttributes] = {}
         self._state_attributes: dict[str, FrozenAttributes] = {}
         self._logged: dict[str, dict[str, FrozenAttributes]] = {}  # per trainer, bounded
+        self.trainer_keys = trainer_keys
         # While the first step the session numbers itself is open, a counter key logged a
         # third time in it shows the loop ends no step with a step-ending dict: the copies
         # held back are added after all, and ``unmarked`` tells the step clock to stop
@@ -408,8 +413,8 @@ class RLRecorder:
 
         A key under the trainer's phase prefix goes to ``rl.step.phase.duration``; every
         other key to ``rl.logged.value{rl.trainer=prefix, rl.key=key}``, for the first
-        ``LOGGED_KEYS_PER_TRAINER`` distinct keys of the session; a key past them is
-        counted (``key_limit``) and named once (docs/semantics.md §13).
+        ``trainer_keys`` distinct keys of the session; a key past them is counted
+        (``key_limit``) and named once (docs/semantics.md §13).
         """
         try:
             plan = self.bound().trainers[prefix]
@@ -439,14 +444,14 @@ class RLRecorder:
         found = known.get(key)
         if found is not None:
             return found
-        if len(known) >= LOGGED_KEYS_PER_TRAINER:
+        if len(known) >= self.trainer_keys:
             self.skip(KEY_LIMIT)
             warn_once(
                 f"tee:key_limit:{prefix}",
                 "async_tee: %s logged more than %d distinct keys; %r and later new keys are "
-                "not teed (values.skipped{reason=key_limit})",
+                "not teed (values.skipped{reason=key_limit}; ASYNC_TEE_TRAINER_KEYS)",
                 prefix,
-                LOGGED_KEYS_PER_TRAINER,
+                self.trainer_keys,
                 key,
             )
             return None

@@ -73,6 +73,7 @@ CONSTANTS: dict[str, tuple[float, str | None]] = {
     "ASYNC_TEE_MAX_ATTRIBUTE_SETS": (_DEFAULTS.max_attribute_sets, None),
     "ASYNC_TEE_MIN_EXPORT_INTERVAL": (_DEFAULTS.min_export_interval_s, "s"),
     "ASYNC_TEE_HELD_TTL": (_DEFAULTS.held_ttl_s, "s"),
+    "ASYNC_TEE_TRAINER_KEYS": (_DEFAULTS.trainer_keys, None),
     "ASYNC_TEE_PROMETHEUS_BASE_PORT": (float(_DEFAULTS.prometheus_base_port or 0), None),
     "OTEL_METRIC_EXPORT_INTERVAL": (_DEFAULTS.export_interval_ms, "ms"),
     "OTEL_METRIC_EXPORT_TIMEOUT": (_DEFAULTS.export_timeout_ms, "ms"),

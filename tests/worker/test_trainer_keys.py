@@ -7,7 +7,8 @@ from helpers import collect
 
 import async_tee
 from async_tee._declare import trainers
-from async_tee._declare.trainers import LOGGED_KEYS_PER_TRAINER, TRAINERS
+from async_tee._declare.trainers import TRAINERS
+from async_tee._settings import DEFAULT_TRAINER_KEYS as LOGGED_KEYS_PER_TRAINER
 from async_tee.catalog import series_catalog
 
 LOGGED = "rl.logged.value"
@@ -141,3 +142,14 @@ def test_the_trainers_prefixes_are_teed_whole_and_nothing_else_changed():
         assert plan.snapshot_keys[trainer.prefix] is None  # every key is read: copied whole
         assert plan.trainers[trainer.prefix].read == trainer.read_by_alias
     assert plan.snapshot_keys["train"] is not None  # NeMo-RL's dicts: only the read keys
+
+
+def test_the_bound_is_the_environments(provider, reader):
+    """``ASYNC_TEE_TRAINER_KEYS`` sets how many keys a trainer passes through."""
+    async_tee.start_telemetry(provider, environ={"ASYNC_TEE_TRAINER_KEYS": "2"})
+    metrics = {"a": 1.0, "b": 2.0, "c": 3.0, "actor/pg_loss": 0.5}  # an alias: not counted
+    async_tee.tee_rl_metrics_to_otel(metrics, "verl", 1, step_finished=True)
+    assert async_tee.flush()
+    points = collect(reader)
+    assert {dict(k[1])["rl.key"] for k in points if k[0] == LOGGED} == {"a", "b"}
+    assert async_tee.stats()["values_skipped"]["key_limit"] == 1
