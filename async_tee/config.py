@@ -407,7 +407,7 @@ def _start_ticks(pid: int) -> str:
         return ""
 
 
-def run_id(environ: Mapping[str, str]) -> str:
+def run_id(environ: Mapping[str, str], *, starts_ranks: bool = False) -> str:
     """The run's identity (``rl.run.id``): the first found of the four sources below.
 
     1. ``ASYNC_TEE_RUN_ID``;
@@ -419,6 +419,10 @@ def run_id(environ: Mapping[str, str]) -> str:
        <MASTER_PORT>``, else ``-<PMIX_NAMESPACE>``) when the launcher set one, so two jobs
        whose ranks one process started stay apart; of this process otherwise. Another job,
        or the same command run again, gets another one, so two jobs are never merged.
+
+    ``starts_ranks``: this process is itself the launcher of its node's other ranks (rank 0
+    of Lightning's own ``ddp`` launcher, which runs the script and starts local ranks 1.. as
+    its children): its local id is its own, with the rendezvous, as its children name it.
     """
     explicit = _first(environ, ASYNC_TEE_RUN_ID)
     if explicit is not None:
@@ -431,11 +435,11 @@ def run_id(environ: Mapping[str, str]) -> str:
         task = _first(environ, "SLURM_ARRAY_TASK_ID")
         return slurm[1] if task is None else f"{slurm[1]}_{task[1]}"
     ranks = launcher_ranks(environ)
-    started_by_launcher = ranks.rank is not None or ranks.local_rank is not None
-    pid = os.getppid() if started_by_launcher else os.getpid()
+    launched = ranks.rank is not None or ranks.local_rank is not None
+    pid = os.getppid() if launched and not starts_ranks else os.getpid()
     ticks = _start_ticks(pid)
     local = f"local-{socket.gethostname()}-{pid}" + (f"-{ticks}" if ticks else "")
-    rendezvous = _rendezvous(environ) if started_by_launcher else None
+    rendezvous = _rendezvous(environ) if launched or starts_ranks else None
     return local if rendezvous is None else f"{local}-{rendezvous}"
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from async_tee._reporting import logger, warn_once
 from async_tee._session import lifecycle
-from async_tee.config import launcher_ranks
+from async_tee.config import ASYNC_TEE_RUN_ID, launcher_ranks, run_id
 
 
 def placed(
@@ -15,17 +15,22 @@ def placed(
     rank: int | None,
     local_rank: int | None,
     world_size: int | None,
+    starts_ranks: bool = False,
 ) -> dict[str, str]:
     """``environ`` with the trainer's rank as the launcher variables, where they lack it.
 
     A process alone (no world size above 1) keeps its environment: a rank variable would
     make its run id its parent's, shared by every run started from one shell. Where a
     launcher's variables say another rank than the trainer, the trainer's is used (it is
-    the process's place in the job it trains) and the difference is said once.
+    the process's place in the job it trains) and the difference is said once. A process
+    that ``starts_ranks`` (it launched its node's other ranks itself) names the run as its
+    children do: by itself, not by its parent (``ASYNC_TEE_RUN_ID``, unless a job id is set).
     """
     out = dict(environ)
     if rank is None or world_size is None or world_size <= 1:
         return out
+    if starts_ranks:
+        out[ASYNC_TEE_RUN_ID] = run_id(environ, starts_ranks=True)
     said = launcher_ranks(environ)
     if (said.rank, said.world_size) == (rank, world_size):
         return out
@@ -53,8 +58,11 @@ def start_for(
     rank: int | None = None,
     local_rank: int | None = None,
     world_size: int | None = None,
+    starts_ranks: bool = False,
 ) -> bool:
     """Start telemetry unless it runs, as rank ``rank`` of ``world_size``. Never raises.
+
+    ``starts_ranks``: this process launched its node's other ranks (see :func:`placed`).
 
     Returns:
         True when this call started it (its integration then flushes at the train's end).
@@ -74,7 +82,7 @@ def start_for(
                 )
             return False
         session = lifecycle.start_telemetry(
-            environ=placed(os.environ, rank, local_rank, world_size)
+            environ=placed(os.environ, rank, local_rank, world_size, starts_ranks)
         )
         logger.debug("async_tee: started for %s (exporting: %s)", trainer, session.is_exporting)
         return True

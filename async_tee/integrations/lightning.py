@@ -14,6 +14,8 @@ metrics: ``log_hyperparams`` takes nothing.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +40,27 @@ def _world_size() -> int | None:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
     except Exception:  # noqa: BLE001 - a build without distributed support
         return None
+
+
+def _started_local_ranks() -> bool:
+    """Whether this process is rank 0 of Lightning's own ``ddp`` launcher (no torchrun).
+
+    That launcher runs the script as local rank 0 and starts local ranks 1.. as its
+    children: it sets ``LOCAL_RANK`` in its own environment at run time, where every other
+    launcher sets it before the process starts (``/proc/self/environ``, the environment the
+    process started with, lacks it). Without ``/proc``: ``LOCAL_RANK=0`` with no ``RANK``.
+    A rank ``ddp_spawn`` started (by ``multiprocessing``) sets it at run time too, but is
+    its parent's.
+    """
+    if os.environ.get("LOCAL_RANK") != "0" or "RANK" in os.environ:
+        return False
+    if multiprocessing.parent_process() is not None:
+        return False
+    try:
+        with open("/proc/self/environ", "rb") as started:
+            return not any(v.startswith(b"LOCAL_RANK=") for v in started.read().split(b"\0"))
+    except OSError:
+        return True
 
 
 class AsyncTeeLogger(Logger):  # type: ignore[misc,unused-ignore]
@@ -69,7 +92,9 @@ class AsyncTeeLogger(Logger):  # type: ignore[misc,unused-ignore]
         """Tee one dict at its step (starting telemetry at the first, as this rank)."""
         if not self._started:
             self._started = True
-            start_for(PREFIX, getattr(rank_zero_only, "rank", None), None, _world_size())
+            world_size = _world_size()
+            launcher = world_size is not None and world_size > 1 and _started_local_ranks()
+            start_for(PREFIX, getattr(rank_zero_only, "rank", None), None, world_size, launcher)
         tee_rl_metrics_to_otel(metrics, PREFIX, step)
         self._last_step = step
 

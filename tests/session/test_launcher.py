@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -63,6 +64,18 @@ def test_ranks_started_by_one_launcher_share_its_local_run_id():
     for environ in (TORCHRUN, SLURM, OPENMPI, MPICH):
         assert f"-{os.getppid()}-" in run_id(environ) + "-"
     assert f"-{os.getpid()}-" in run_id({}) + "-"
+
+
+def test_a_process_that_starts_its_ranks_names_the_run_as_they_do():
+    # Lightning's own launcher: rank 0 runs the script and starts the other local ranks as
+    # its children, who name the run by their parent, with the rendezvous.
+    rendezvous = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    own = run_id({"LOCAL_RANK": "0", "WORLD_SIZE": "2", **rendezvous}, starts_ranks=True)
+    assert own.startswith(f"local-{socket.gethostname()}-{os.getpid()}-")
+    assert own.endswith("-10.0.0.1:29500")
+    alone = run_id({**rendezvous}, starts_ranks=True)  # no rank variable: the same
+    assert alone == own
+    assert run_id({"SLURM_JOB_ID": "77"}, starts_ranks=True) == "77"  # a job id still wins
 
 
 # ------------------------------------------------------------------------ which ranks export

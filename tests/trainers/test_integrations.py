@@ -27,6 +27,7 @@ import async_tee
 from async_tee._declare import trainers as trainer_keys
 from async_tee._declare.prometheus_names import prometheus_label
 from async_tee.catalog import series_catalog
+from async_tee.config import run_id
 from async_tee.integrations.lightning import AsyncTeeLogger
 from async_tee.integrations.transformers import AsyncTeeCallback
 from async_tee.sink import OtlpSink
@@ -215,7 +216,7 @@ def test_grpo_through_prometheus_3_every_key_of_every_step_is_stored_at_its_step
             assert got == {step: {value} for step, value in by_step.items()}, (name, attributes)
 
 
-DDP_SPAWN = """
+LIGHTNING_DDP = """
 import sys
 from trainers.toys import _lightning_warnings, ToyModule, pl, torch
 from async_tee.integrations.lightning import AsyncTeeLogger
@@ -224,7 +225,7 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1))
     trainer = pl.Trainer(
-        max_steps=3, accelerator="cpu", devices=2, strategy="ddp_spawn", log_every_n_steps=1,
+        max_steps=3, accelerator="cpu", devices=2, strategy=sys.argv[2], log_every_n_steps=1,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         logger=AsyncTeeLogger(), default_root_dir=sys.argv[1],
     )
@@ -234,18 +235,23 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-def test_lightning_ranks_spawned_without_a_launcher_export_as_their_own_rank(exporting, tmp_path):
-    """Lightning's ``ddp_spawn`` starts its ranks with no launcher variable: each exports as
-    the rank Lightning gave it, of 2, under one run id (their parent's), every step."""
-    script = tmp_path / "ddp_spawn.py"
-    script.write_text(DDP_SPAWN)
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp"])
+def test_lightning_ranks_started_without_a_launcher_export_as_their_own_rank_of_one_run(
+    exporting, tmp_path, strategy
+):
+    """Lightning starts its ranks itself, with no launcher of the user's: ``ddp_spawn`` from a
+    parent that does not train, ``ddp`` (its default) running the script as rank 0 and rank 1
+    as its child. Each rank exports as the rank Lightning gave it, of 2, every step, and both
+    under one run id: the process that started them."""
+    script = tmp_path / "lightning_ddp.py"
+    script.write_text(LIGHTNING_DDP)
     tests = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
+        [sys.executable, str(script), str(tmp_path), strategy],
         env=env,
         capture_output=True,
         text=True,
@@ -265,7 +271,9 @@ def test_lightning_ranks_spawned_without_a_launcher_export_as_their_own_rank(exp
             assert point.resource["rl.world_size"] == 2
     assert steps == {0: {0, 1, 2}, 1: {0, 1, 2}}
     runs = {point.resource["rl.run.id"] for point in exporting.points()}
-    assert len(runs) == 1  # both ranks' parent: one run
+    assert len(runs) == 1, runs  # the process that started both ranks: one run
+    (run,) = runs
+    assert run != run_id(os.environ)  # not the test's (the script's parent)
 
 
 RAY_VERL = """

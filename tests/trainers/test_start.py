@@ -9,6 +9,7 @@ from helpers import environ_without_launcher
 
 import async_tee
 from async_tee._session import lifecycle
+from async_tee.config import run_id
 from async_tee.integrations._start import placed, start_for
 
 
@@ -29,6 +30,16 @@ def test_a_rank_the_launcher_did_not_say_is_the_trainers(logs):
     assert placed(env, 3, 1, 4) == {**env, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}
     assert placed(env, 3, None, 4) == {**env, "RANK": "3", "WORLD_SIZE": "4"}
     assert warnings_of(logs) == []
+
+
+def test_a_process_that_started_its_ranks_names_the_run_by_itself():
+    """Rank 0 of Lightning's own launcher: its children name the run by it, so must it."""
+    env = {**environ_without_launcher(), "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    out = placed(env, 0, None, 2, starts_ranks=True)
+    assert out["ASYNC_TEE_RUN_ID"] == run_id(env, starts_ranks=True)
+    assert f"-{os.getpid()}-" in out["ASYNC_TEE_RUN_ID"] + "-"
+    assert "ASYNC_TEE_RUN_ID" not in placed(env, 0, None, 2)
+    assert placed(env, 0, None, 1, starts_ranks=True) == env  # alone: as before
 
 
 def test_a_launcher_that_agrees_is_left_as_it_is(logs):
