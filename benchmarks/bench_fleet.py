@@ -56,6 +56,7 @@ from _common import (
     bench_parser,
     fmt_opt,
     machine_info,
+    machine_line,
     md_table,
     parse_bench_args,
     progress,
@@ -491,12 +492,26 @@ def section(report: dict[str, Any]) -> list[str]:
         *md_table(header(report["runs"][0]), [row(run) for run in report["runs"]]),
         "",
         *(f"Knee at {step} steps: {found['text']}" for step, found in report["knees"].items()),
+        *machines_note(report["runs"]),
     ]
     if report.get("capacity"):
         lines += ["", *md_table(CAPACITY_HEADER, capacity_rows(report["capacity"]))]
     lines += ["", "Counts (points, but where said):", ""]
     lines += md_table(COUNTS_HEADER, [counts_row(run) for run in report["runs"]])
     return lines
+
+
+def machines_note(runs: list[dict[str, Any]]) -> list[str]:
+    """Where runs judged together (``--judge``) were measured on different machines: which."""
+    by_machine: dict[str, list[str]] = {}
+    for run in runs:
+        if "measured_on" in run:
+            found = by_machine.setdefault(machine_line(run["measured_on"]), [])
+            found.append(f"{run['ranks']} ranks at {run['step_s']:g} s")
+    if len(by_machine) < 2:
+        return []
+    lines = ["", "The runs were measured on more than one machine of this kind:", ""]
+    return lines + [f"- {', '.join(names)}: {line}" for line, names in by_machine.items()]
 
 
 COUNTS_HEADER = (
@@ -639,6 +654,9 @@ def main(argv: list[str] | None = None) -> int:
         old = [json.loads(path.read_text()) for path in args.judge]
         if len({report["target"] for report in old}) > 1:
             raise SystemExit("--judge: reports of different stacks")
+        for report in old:  # each run keeps the machine it was measured on
+            for run in report["runs"]:
+                run.setdefault("measured_on", report["machine"])
         runs = [run for report in old for run in report["runs"]]
         report = judged(runs, old[0]["target"], sum(r["duration_s"] for r in old))
         report["machine"] = old[-1]["machine"]
