@@ -121,6 +121,21 @@ def _train(trainer: Trainer, recorder: LogRecorder) -> HfRun:
     return HfRun(trainer, recorder.steps)
 
 
+def _every_step_on_cpu(output_dir: Path, steps: int) -> dict[str, Any]:
+    """What every toy HF run sets: ``steps`` steps of 2 on CPU, each logged; no save, no report."""
+    return {
+        "output_dir": str(output_dir),
+        "max_steps": steps,
+        "logging_steps": 1,
+        "per_device_train_batch_size": 2,
+        "use_cpu": True,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+
+
 def run_grpo(
     callbacks: Sequence[TrainerCallback],
     output_dir: Path,
@@ -138,20 +153,12 @@ def run_grpo(
     tiny_lm().save_pretrained(model_dir)
     recorder = LogRecorder()
     args = GRPOConfig(
-        output_dir=str(output_dir),
-        max_steps=steps,
-        logging_steps=1,
-        per_device_train_batch_size=2,
+        **_every_step_on_cpu(output_dir, steps),
         num_generations=2,
         max_completion_length=8,
         beta=beta,
-        use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
     )
     trainer = GRPOTrainer(
         model=str(model_dir),
@@ -175,17 +182,7 @@ def run_hf_trainer(callbacks: Sequence[TrainerCallback], output_dir: Path, steps
     ]
     dataset = Dataset.from_dict({**encoded, "labels": labels})
     recorder = LogRecorder()
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=steps,
-        logging_steps=1,
-        per_device_train_batch_size=2,
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = TrainingArguments(**_every_step_on_cpu(output_dir, steps))
     trainer = Trainer(
         model=tiny_lm(), args=args, train_dataset=dataset, callbacks=[recorder, *callbacks]
     )
